@@ -1,0 +1,1 @@
+"""Built-in rollout functions and reward functions, picked by import path."""

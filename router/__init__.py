@@ -1,0 +1,1 @@
+"""The token-logging router: OpenAI-compatible sessions in front of SGLang-protocol engines."""

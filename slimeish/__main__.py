@@ -1,0 +1,3 @@
+from slimeish.cli import main
+
+main()

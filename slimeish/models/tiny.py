@@ -1,0 +1,162 @@
+"""Build tiny causal LMs and tokenizers in Hugging Face format, offline.
+
+No model hub is reachable from CI or the demo machine, so slimeish makes its own checkpoints:
+a byte-level BPE tokenizer trained (with the `tokenizers` library) on a small synthetic corpus,
+a ChatML/Hermes-style chat template with tool calls, and a randomly initialised Qwen2, Llama or
+Qwen3 model from `transformers`. The result is a directory that `from_pretrained` loads exactly
+like a real checkpoint, so every loader in slimeish is exercised on the real code path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from slimeish.config import add_dataclass_args, from_namespace, help_field
+
+Arch = Literal["qwen2", "llama", "qwen3"]
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Markup tokens the template and tool parser rely on; like Qwen's, they are not "special",
+# so decoding with skip_special_tokens keeps them.
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
+
+_WORDS = (
+    "the a an of to and in is it you that for on are with as be this was have or at by not from "
+    "what all can will one there about which when your up out so if them some more time would "
+    "number answer add sum plus minus times result tool call function arguments name value weather "
+    "city temperature search query file read write list user assistant system please help yes no "
+    "true false null calculator compute echo reverse word letter count first last "
+).split()
+
+
+@dataclass(kw_only=True)
+class TinyModelConfig:
+    arch: Arch = help_field("qwen2", help="model family (Hugging Face classes)")
+    vocab_size: int = help_field(1024, help="BPE vocabulary size, special tokens included")
+    hidden_size: int = help_field(64, help="model width")
+    intermediate_size: int = help_field(176, help="MLP width")
+    num_layers: int = help_field(2, help="transformer layers")
+    num_heads: int = help_field(4, help="attention heads")
+    num_kv_heads: int = help_field(2, help="key/value heads (GQA when fewer than --num-heads)")
+    max_position_embeddings: int = help_field(4096, help="context length")
+    rope_theta: float = help_field(10000.0, help="RoPE base")
+    tie_word_embeddings: bool | None = help_field(None, help="tie input/output embeddings (default: per family)")
+    seed: int = help_field(0, help="seed for the corpus and the weights")
+
+
+def _synthetic_corpus(seed: int, n_lines: int = 4000) -> list[str]:
+    """Text that covers words, digits, JSON, chat markup and tool calls, so BPE learns them."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        call = json.dumps({"name": rng.choice(_WORDS), "arguments": {"a": a, "b": b, "text": words[:20]}})
+        lines += [
+            words.capitalize() + rng.choice([".", "?", "!", ","]),
+            f"{a} + {b} = {a + b}. {a} * {b} = {a * b}.",
+            f"<|im_start|>user\n{words}<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>",
+            f'<tool_response>\n{{"result": {a + b}}}\n</tool_response>',
+        ]
+    return lines
+
+
+def build_tokenizer(cfg: TinyModelConfig):  # -> PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # Digits split one by one (as in Qwen), the rest byte-level, so any text round-trips.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size - len(MARKUP_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_synthetic_corpus(cfg.seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        model_max_length=cfg.max_position_embeddings,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.add_tokens(MARKUP_TOKENS)
+    fast.chat_template = CHAT_TEMPLATE_PATH.read_text()
+    return fast
+
+
+def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.PretrainedConfig
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    tie = cfg.tie_word_embeddings if cfg.tie_word_embeddings is not None else cfg.arch != "llama"
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=tie,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    if cfg.arch == "qwen2":
+        return Qwen2Config(**common)
+    if cfg.arch == "llama":
+        return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+    return Qwen3Config(**common, head_dim=cfg.hidden_size // cfg.num_heads, attention_bias=False)
+
+
+def make_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
+    """Write tokenizer + randomly initialised model to `out_dir` in Hugging Face format."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    cfg = cfg or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(cfg)
+    model_config = build_model_config(cfg, tokenizer)
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _inline_chat_template(out, tokenizer.chat_template)
+    return out
+
+
+def _inline_chat_template(out: Path, template: str) -> None:
+    """Keep the chat template inside tokenizer_config.json, where every loader version finds it."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = template
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="slimeish make-tiny-model", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="output directory (created)")
+    add_dataclass_args(parser, TinyModelConfig, "model")
+    args = parser.parse_args(argv)
+    out = make_tiny_model(args.out, from_namespace(TinyModelConfig, args))
+    print(f"wrote {out}")

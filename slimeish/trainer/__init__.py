@@ -1,0 +1,1 @@
+"""The Megatron-core trainer: model bridge, RL losses, checkpoints and weight sync."""
