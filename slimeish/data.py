@@ -1,0 +1,113 @@
+"""Prompt data: JSONL prompts in, groups of `Sample`s out, with a resumable position.
+
+`DataSource.get_samples(n)` is slime's contract: it returns n groups, each holding
+`n_samples_per_prompt` copies of one prompt as `Sample`s with `group_index`/`index` set.
+Prompts given back (e.g. groups dropped for staleness) are served again before new ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slimeish.config import help_field
+from slimeish.types import Sample
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    prompt_data: Path | None = help_field(None, help="JSONL file of training prompts")
+    eval_prompt_data: Path | None = help_field(None, help="JSONL file of held-out eval prompts")
+    input_key: str = help_field("prompt", help="JSONL key holding the prompt (a string or a list of chat messages)")
+    label_key: str | None = help_field("label", help="JSONL key holding the label given to the reward function")
+    metadata_key: str | None = help_field(None, help="JSONL key whose dict is copied into Sample.metadata")
+    shuffle: bool = help_field(True, help="shuffle the prompts at every epoch")
+    seed: int = help_field(1234, help="seed for shuffling")
+
+
+def read_prompts(path: Path, cfg: DataConfig) -> list[Sample]:
+    """One prompt `Sample` per JSONL line; fails with the line number on a bad line."""
+    samples = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompt = row[cfg.input_key]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{lineno}: expected a JSON object with key {cfg.input_key!r} ({exc})") from exc
+        label = row.get(cfg.label_key) if cfg.label_key else None
+        metadata = dict(row.get(cfg.metadata_key) or {}) if cfg.metadata_key else {}
+        samples.append(Sample(prompt=prompt, label=label, metadata=metadata))
+    if not samples:
+        raise ValueError(f"{path}: no prompts")
+    return samples
+
+
+class DataSource:
+    """Serves groups of prompt samples in epochs; `state()`/`load_state()` make it resumable."""
+
+    def __init__(self, prompts: list[Sample], n_samples_per_prompt: int, *, shuffle: bool = True, seed: int = 0):
+        self.prompts = prompts
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.offset = 0
+        self.next_group_index = 0
+        self._order = self._epoch_order()
+        self._returned: list[Sample] = []
+
+    def _epoch_order(self) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order
+
+    def _next_prompt(self) -> Sample:
+        if self._returned:
+            return self._returned.pop(0)
+        if self.offset == len(self._order):
+            self.epoch, self.offset = self.epoch + 1, 0
+            self._order = self._epoch_order()
+        prompt = self.prompts[self._order[self.offset]]
+        self.offset += 1
+        return prompt
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        groups = []
+        for _ in range(num_groups):
+            prompt = self._next_prompt()
+            group_index = self.next_group_index
+            self.next_group_index += 1
+            groups.append([self._copy(prompt, group_index, i) for i in range(self.n_samples_per_prompt)])
+        return groups
+
+    @staticmethod
+    def _copy(prompt: Sample, group_index: int, index: int) -> Sample:
+        return Sample(
+            group_index=group_index,
+            index=index,
+            prompt=copy.deepcopy(prompt.prompt),
+            label=prompt.label,
+            metadata=copy.deepcopy(prompt.metadata),
+        )
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Give prompts back (one per group) to be served again before new ones."""
+        self._returned += [Sample(prompt=g[0].prompt, label=g[0].label, metadata=g[0].metadata) for g in groups if g]
+
+    def give_back_prompt(self, prompt: Any, label: Any = None, metadata: dict[str, Any] | None = None) -> None:
+        self._returned.append(Sample(prompt=prompt, label=label, metadata=dict(metadata or {})))
+
+    def state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "offset": self.offset, "next_group_index": self.next_group_index}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.epoch, self.offset = state["epoch"], state["offset"]
+        self.next_group_index = state["next_group_index"]
+        self._order = self._epoch_order()

@@ -1,0 +1,102 @@
+"""The rollout plugin contracts, kept as slime defines them, and their start-up checks.
+
+Three hooks, each named by import path on the command line:
+
+- `--rollout-function-path`: `def generate_rollout(args, rollout_id, data_source, evaluation=False)`
+  returning `RolloutFnTrainOutput` (or `RolloutFnEvalOutput` when `evaluation` is true);
+- `--custom-generate-function-path`: `async def generate(args, sample, sampling_params) -> Sample`;
+- `--custom-rm-path`: `async def reward(args, sample) -> float`.
+
+`args` is a read-only namespace with slime's attribute names (`rollout_batch_size`,
+`n_samples_per_prompt`, `rollout_max_response_len`, `rollout_temperature`, `hf_checkpoint`,
+`sglang_router_ip`, `sglang_router_port`, ...) plus slimeish's `router_url` and `admin_token`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slimeish.config import help_field
+from slimeish.plugins import load_function
+from slimeish.types import Sample
+
+ROLLOUT_SIGNATURE = (
+    "def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False)"
+    " -> RolloutFnTrainOutput | RolloutFnEvalOutput"
+)
+GENERATE_SIGNATURE = "async def generate(args, sample: Sample, sampling_params: dict) -> Sample"
+REWARD_SIGNATURE = "async def reward(args, sample: Sample) -> float"
+
+
+@dataclass
+class RolloutFnTrainOutput:
+    """What a rollout function returns for training: groups of finished samples, and metrics."""
+
+    samples: list[list[Sample]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutFnEvalOutput:
+    """What a rollout function returns for evaluation: per-dataset `{"rewards": [...], ...}`."""
+
+    data: dict[str, dict[str, list[Any]]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    rollout_function_path: str = help_field(
+        "rollout_functions.token_in.generate_rollout", help=f"rollout function: {ROLLOUT_SIGNATURE}"
+    )
+    custom_generate_function_path: str | None = help_field(
+        None, help=f"per-sample generate used by token_in (default: token-in through the router): {GENERATE_SIGNATURE}"
+    )
+    custom_rm_path: str | None = help_field(None, help=f"reward function: {REWARD_SIGNATURE}")
+    agent_function_path: str | None = help_field(
+        None, help="agent for rollout_functions.openai_agent: async def agent(client: openai.AsyncOpenAI, sample)"
+    )
+    agent_command: str | None = help_field(
+        None, help="shell command run per episode by rollout_functions.agent_command (OPENAI_BASE_URL/KEY set)"
+    )
+    verifier_command: str | None = help_field(
+        None, help="shell command that prints the reward for agent_command when the agent does not"
+    )
+    rollout_batch_size: int = help_field(8, help="prompts per rollout step")
+    n_samples_per_prompt: int = help_field(4, help="samples per prompt (the GRPO group size)")
+    rollout_max_response_len: int = help_field(64, help="max new tokens per turn")
+    rollout_temperature: float = help_field(1.0, help="sampling temperature")
+    rollout_top_p: float = help_field(1.0, help="nucleus sampling threshold")
+    rollout_top_k: int = help_field(-1, help="top-k sampling (-1: off)")
+    rollout_stop: list[str] = help_field([], help="stop strings")
+    rollout_concurrency: int = help_field(64, help="episodes in flight at once")
+    rollout_timeout: float = help_field(300.0, help="seconds before an episode is failed")
+    n_samples_per_eval_prompt: int = help_field(1, help="samples per eval prompt")
+    eval_temperature: float = help_field(0.0, help="sampling temperature for evaluation (0: greedy)")
+
+
+def load_rollout_function(path: str) -> Callable[..., Any]:
+    return load_function(path, expected=ROLLOUT_SIGNATURE, params=["args", "rollout_id", "data_source"], is_async=False)
+
+
+def load_generate_function(path: str) -> Callable[..., Awaitable[Sample]]:
+    return load_function(path, expected=GENERATE_SIGNATURE, params=["args", "sample", "sampling_params"], is_async=True)
+
+
+def load_reward_function(path: str) -> Callable[..., Awaitable[float]]:
+    return load_function(path, expected=REWARD_SIGNATURE, params=["args", "sample"], is_async=True)
+
+
+def sampling_params(cfg: RolloutConfig, *, evaluation: bool = False) -> dict[str, Any]:
+    """SGLang `sampling_params` for one rollout turn."""
+    params: dict[str, Any] = {
+        "max_new_tokens": cfg.rollout_max_response_len,
+        "temperature": cfg.eval_temperature if evaluation else cfg.rollout_temperature,
+        "top_p": cfg.rollout_top_p,
+        "top_k": cfg.rollout_top_k,
+    }
+    if cfg.rollout_stop:
+        params["stop"] = list(cfg.rollout_stop)
+    return params

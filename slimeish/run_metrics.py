@@ -1,0 +1,81 @@
+"""Per-step metrics of a run: console line, `metrics.jsonl`, TensorBoard, and `reward.png`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# Shown on the console line, in this order, when present; everything goes to JSONL/TensorBoard.
+CONSOLE_KEYS = (
+    "rollout/reward_mean",
+    "eval/reward_mean",
+    "rollout/response_length",
+    "train/loss",
+    "train/kl_rollout",
+    "train/entropy",
+    "train/clip_fraction",
+    "time/rollout",
+    "time/train",
+    "time/sync",
+)
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.run_dir / "metrics.jsonl"
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> str:
+        """Record one step; returns the console line (the caller prints it above its progress bar)."""
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        with self.jsonl_path.open("a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self._writer is not None:
+            for key, value in clean.items():
+                self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+        shown = [f"{k.split('/', 1)[1]}={clean[k]:.3g}" for k in CONSOLE_KEYS if k in clean]
+        return f"step {step}: " + " ".join(shown)
+
+    def read(self) -> list[dict[str, float]]:
+        if not self.jsonl_path.exists():
+            return []
+        return [json.loads(line) for line in self.jsonl_path.read_text().splitlines() if line.strip()]
+
+    def plot_rewards(self) -> Path | None:
+        """Write `reward.png`: rollout reward per step and eval reward where measured."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = self.read()
+        if not rows:
+            return None
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key, label in (("rollout/reward_mean", "train rollouts"), ("eval/reward_mean", "held-out eval")):
+            points = [(r["step"], r[key]) for r in rows if key in r]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
+        ax.set_xlabel("rollout step")
+        ax.set_ylabel("mean reward")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = self.run_dir / "reward.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
