@@ -1,0 +1,130 @@
+"""Weight conversion between Hugging Face (Llama / Qwen2 / Qwen3) and Megatron-core GPTModel names.
+
+Both directions work on full (unsharded) tensors; `shard_for_rank` / `gather_shards` cut and join
+the tensor-parallel pieces for TP > 1. Megatron's fused QKV weight is laid out per query group:
+for each KV head g, the rows of its q heads, then k_g, then v_g. Megatron's fused fc1 is
+[gate; up]. The word embedding (and untied output layer) carry extra zero rows up to the padded
+vocab, dropped again on the way back, so HF -> Megatron -> HF is bit-exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from slimeish.trainer.model import ModelShape
+
+Tensors = dict[str, Tensor]
+
+
+def _qkv_to_megatron(q: Tensor, k: Tensor, v: Tensor, shape: ModelShape) -> Tensor:
+    per_group = shape.num_heads // shape.num_kv_heads
+    g, d = shape.num_kv_heads, shape.head_dim
+    q = q.reshape(g, per_group * d, *q.shape[1:])
+    k = k.reshape(g, d, *k.shape[1:])
+    v = v.reshape(g, d, *v.shape[1:])
+    return torch.cat([q, k, v], dim=1).reshape(-1, *q.shape[2:])
+
+
+def _qkv_from_megatron(qkv: Tensor, shape: ModelShape) -> tuple[Tensor, Tensor, Tensor]:
+    per_group = shape.num_heads // shape.num_kv_heads
+    g, d = shape.num_kv_heads, shape.head_dim
+    grouped = qkv.reshape(g, (per_group + 2) * d, *qkv.shape[1:])
+    q, k, v = torch.split(grouped, [per_group * d, d, d], dim=1)
+    return (t.reshape(-1, *qkv.shape[1:]).contiguous() for t in (q, k, v))  # type: ignore[return-value]
+
+
+def _pad_vocab(w: Tensor, shape: ModelShape) -> Tensor:
+    pad = shape.padded_vocab_size - w.shape[0]
+    return torch.cat([w, w.new_zeros(pad, *w.shape[1:])]) if pad else w.clone()
+
+
+def hf_to_megatron(hf: Tensors, shape: ModelShape) -> Tensors:
+    """Full HF state dict -> full Megatron state dict (tensors are copies)."""
+    out: Tensors = {
+        "embedding.word_embeddings.weight": _pad_vocab(hf["model.embed_tokens.weight"], shape),
+        "decoder.final_layernorm.weight": hf["model.norm.weight"].clone(),
+    }
+    if not shape.tie_word_embeddings:
+        out["output_layer.weight"] = _pad_vocab(hf["lm_head.weight"], shape)
+    for i in range(shape.num_layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        att = h + "self_attn."
+        out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"].clone()
+        out[m + "self_attention.linear_qkv.weight"] = _qkv_to_megatron(
+            hf[att + "q_proj.weight"], hf[att + "k_proj.weight"], hf[att + "v_proj.weight"], shape
+        )
+        if shape.qkv_bias:
+            out[m + "self_attention.linear_qkv.bias"] = _qkv_to_megatron(
+                hf[att + "q_proj.bias"], hf[att + "k_proj.bias"], hf[att + "v_proj.bias"], shape
+            )
+        if shape.qk_norm:
+            out[m + "self_attention.q_layernorm.weight"] = hf[att + "q_norm.weight"].clone()
+            out[m + "self_attention.k_layernorm.weight"] = hf[att + "k_norm.weight"].clone()
+        out[m + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"].clone()
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
+        out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
+        out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"].clone()
+    return out
+
+
+def megatron_to_hf(mg: Tensors, shape: ModelShape) -> Tensors:
+    """Full Megatron state dict -> full HF state dict (tied models get no `lm_head.weight`)."""
+    v = shape.vocab_size
+    out: Tensors = {
+        "model.embed_tokens.weight": mg["embedding.word_embeddings.weight"][:v].contiguous(),
+        "model.norm.weight": mg["decoder.final_layernorm.weight"],
+    }
+    if not shape.tie_word_embeddings:
+        out["lm_head.weight"] = mg["output_layer.weight"][:v].contiguous()
+    for i in range(shape.num_layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        att = h + "self_attn."
+        out[h + "input_layernorm.weight"] = mg[m + "input_layernorm.weight"]
+        qkv = _qkv_from_megatron(mg[m + "self_attention.linear_qkv.weight"], shape)
+        out.update(zip((att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"), qkv))
+        if shape.qkv_bias:
+            qkv_b = _qkv_from_megatron(mg[m + "self_attention.linear_qkv.bias"], shape)
+            out.update(zip((att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias"), qkv_b))
+        if shape.qk_norm:
+            out[att + "q_norm.weight"] = mg[m + "self_attention.q_layernorm.weight"]
+            out[att + "k_norm.weight"] = mg[m + "self_attention.k_layernorm.weight"]
+        out[att + "o_proj.weight"] = mg[m + "self_attention.linear_proj.weight"]
+        out[h + "post_attention_layernorm.weight"] = mg[m + "pre_mlp_layernorm.weight"]
+        gate, up = mg[m + "mlp.linear_fc1.weight"].chunk(2)
+        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate.contiguous(), up.contiguous()
+        out[h + "mlp.down_proj.weight"] = mg[m + "mlp.linear_fc2.weight"]
+    return out
+
+
+# Tensor-parallel layout of each Megatron parameter: the dim it is split on (None = replicated).
+def _tp_dim(name: str) -> int | None:
+    if name.endswith(
+        ("linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight", "word_embeddings.weight", "output_layer.weight")
+    ):
+        return 0
+    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        return 1
+    return None
+
+
+def shard_for_rank(name: str, full: Tensor, rank: int, world: int) -> Tensor:
+    """This TP rank's piece of a full Megatron tensor (fc1 splits gate and up separately)."""
+    dim = _tp_dim(name)
+    if dim is None or world == 1:
+        return full
+    if name.endswith("linear_fc1.weight"):
+        gate, up = full.chunk(2)
+        return torch.cat([gate.chunk(world)[rank], up.chunk(world)[rank]])
+    return full.chunk(world, dim=dim)[rank]  # qkv: whole query groups per rank, by construction
+
+
+def gather_shards(name: str, shards: list[Tensor]) -> Tensor:
+    """Inverse of `shard_for_rank` over all TP ranks' pieces."""
+    dim = _tp_dim(name)
+    if dim is None or len(shards) == 1:
+        return shards[0]
+    if name.endswith("linear_fc1.weight"):
+        halves = [s.chunk(2) for s in shards]
+        return torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+    return torch.cat(shards, dim=dim)

@@ -1,0 +1,51 @@
+"""Process-group set-up for the trainer: gloo on CPU, NCCL on GPUs, then Megatron's parallel state.
+
+Megatron keeps its parallel groups in module globals, so this runs once per process; a second
+call with the same sizes is a no-op (tests build several trainers in one process).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from slimeish.procs import free_port
+
+
+def init_distributed(*, use_gpu: bool, tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:
+    """Join (or create) the default process group and initialise Megatron's model-parallel groups.
+
+    Under `torchrun` the usual RANK / WORLD_SIZE / MASTER_ADDR variables are used; otherwise the
+    trainer is a world of one on a free loopback port.
+    """
+    from megatron.core import parallel_state, tensor_parallel as mtp
+
+    if not dist.is_initialized():
+        backend = "nccl" if use_gpu else "gloo"
+        if "RANK" in os.environ:
+            if use_gpu:
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    if parallel_state.model_parallel_is_initialized():
+        tp, pp = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if (tp, pp) != (tensor_parallel, pipeline_parallel):
+            raise ValueError(f"Megatron already initialised with tp={tp} pp={pp} in this process")
+    else:
+        parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
+    torch.manual_seed(seed)
+    if use_gpu:
+        # Megatron's tracker forks distinct RNG streams for tensor-parallel regions (dropout, init).
+        mtp.model_parallel_cuda_manual_seed(seed)
+
+
+def data_parallel_rank_and_size() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()

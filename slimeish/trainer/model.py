@@ -1,0 +1,228 @@
+"""Megatron-core `GPTModel` built from a Hugging Face config (Llama, Qwen2, Qwen3 families).
+
+The layer spec is Megatron's local (non-Transformer-Engine) spec with one change: the core
+attention is `SDPACoreAttention`, a thin wrapper over `torch.nn.functional.scaled_dot_product_attention`
+that runs on CPU and GPU alike (causal, GQA-aware). Batches are right-padded, so causal
+attention never lets a real token see padding and no attention mask is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+_SUPPORTED_ROPE = ("default", "linear", "llama3")
+
+
+class SDPACoreAttention(MegatronModule):
+    """Core attention for Megatron's `SelfAttention`: [s, b, heads, d] in, [s, b, heads*d] out.
+
+    Megatron's own `DotProductAttention` materialises the score matrix in a CUDA-oriented global
+    buffer; SDPA picks the best kernel per device (flash on GPU, a fused CPU kernel on CPU).
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        **_: object,
+    ):
+        super().__init__(config=config)
+        self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ) -> Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SDPACoreAttention supports neither packed sequences nor attention bias")
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, d]
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+class HostRotaryEmbedding(RotaryEmbedding):
+    """RoPE that stays on the device of its `inv_freq`.
+
+    Megatron's `RotaryEmbedding.get_emb` moves a CPU `inv_freq` to `torch.cuda.current_device()`
+    on first use, which fails on a CPU-only host. Only this model's instance gets the subclass
+    (see `_keep_rotary_on_host`), so nothing in Megatron is patched globally.
+    """
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> Tensor:
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb[:, None, None, :]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The HF facts the converter needs besides the state dict."""
+
+    model_type: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int  # Hugging Face vocab: logits are cut to this
+    padded_vocab_size: int  # Megatron's embedding rows (multiple of 128 * tensor parallel)
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+
+def model_shape(hf_config, tensor_parallel: int = 1) -> ModelShape:
+    if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {hf_config.model_type!r} not supported; expected one of {SUPPORTED_MODEL_TYPES}")
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    multiple = 128 * tensor_parallel
+    return ModelShape(
+        model_type=hf_config.model_type,
+        num_layers=hf_config.num_hidden_layers,
+        num_heads=hf_config.num_attention_heads,
+        num_kv_heads=hf_config.num_key_value_heads or hf_config.num_attention_heads,
+        head_dim=head_dim,
+        hidden_size=hf_config.hidden_size,
+        vocab_size=hf_config.vocab_size,
+        padded_vocab_size=math.ceil(hf_config.vocab_size / multiple) * multiple,
+        tie_word_embeddings=bool(hf_config.tie_word_embeddings),
+        qkv_bias=hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qk_norm=hf_config.model_type == "qwen3",
+    )
+
+
+def transformer_config(
+    hf_config, *, params_dtype: torch.dtype, use_gpu: bool, tensor_parallel: int = 1, pipeline_parallel: int = 1
+) -> TransformerConfig:
+    shape = model_shape(hf_config, tensor_parallel)
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf_config.hidden_act!r} not supported (SwiGLU only)")
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError("mlp_bias=True is not supported")
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        sequence_parallel=False,
+        use_cpu_initialization=not use_gpu,
+        perform_initialization=False,  # every weight is loaded from the HF checkpoint
+    )
+
+
+def rope_inv_freq(hf_config) -> Tensor:
+    """HF's inverse RoPE frequencies (default, linear and llama3 scaling) for Megatron to use as-is."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": hf_config.rope_theta}
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in _SUPPORTED_ROPE:
+        raise ValueError(f"rope_type {rope_type!r} not supported; expected one of {_SUPPORTED_ROPE}")
+    shape = model_shape(hf_config)
+    if rope_type == "default":
+        dims = torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim
+        return 1.0 / (params["rope_theta"] ** dims)
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    assert scaling == 1.0, "supported RoPE types do not rescale attention"
+    return inv_freq.float()
+
+
+def layer_spec(use_gpu: bool, qk_norm: bool) -> ModuleSpec:
+    spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
+def build_gpt_model(
+    hf_config,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    use_gpu: bool = False,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> GPTModel:
+    """An uninitialised GPTModel with the HF model's architecture (load weights with `convert`)."""
+    config = transformer_config(
+        hf_config,
+        params_dtype=params_dtype,
+        use_gpu=use_gpu,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+    )
+    shape = model_shape(hf_config, tensor_parallel)
+    from megatron.core import parallel_state
+
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(use_gpu, shape.qk_norm),
+        vocab_size=shape.padded_vocab_size,
+        max_sequence_length=hf_config.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        position_embedding_type="rope",
+        parallel_output=False,  # gather the vocab dimension: log-probs need the full softmax
+    )
+    device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
+    _keep_rotary_on_host(model, rope_inv_freq(hf_config), device, use_gpu)
+    return model.to(device)
+
+
+def _keep_rotary_on_host(model: GPTModel, inv_freq: Tensor, device: torch.device, use_gpu: bool) -> None:
+    rotary = model.rotary_pos_emb
+    if not use_gpu:
+        rotary.__class__ = HostRotaryEmbedding  # instance-local; see HostRotaryEmbedding's docstring
+    rotary.inv_freq = inv_freq.to(device)
+
+
+def gpt_logits(model: GPTModel, input_ids: Tensor, vocab_size: int) -> Tensor:
+    """Logits [b, s, vocab_size] (Megatron's padded vocab rows cut off), fp32 for log-softmax."""
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
+    logits = model(input_ids=input_ids, position_ids=positions, attention_mask=None)
+    return logits[..., :vocab_size].float()
