@@ -1,0 +1,93 @@
+"""Run any external agent command per episode, pointed at its router session.
+
+The command (`--agent-command`, a shell command line) runs with `OPENAI_BASE_URL` and
+`OPENAI_API_KEY` set to the episode's session, plus `SLIMEISH_PROMPT` (JSON) and
+`SLIMEISH_LABEL` (JSON). Its reward is the last line of its stdout if that is a JSON object with
+a numeric "reward"; otherwise `--verifier-command` runs with the same environment and the agent's
+stdout on stdin, and must print such a line. Timeouts (`--rollout-timeout`), crashes and missing
+or malformed rewards fail the episode; the buffer's group policy decides what happens to its group.
+`--rollout-concurrency` bounds the commands running at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from rollout_functions.sessions import Session, episode_groups, rollout_output, run_groups
+from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slimeish.types import Sample
+
+
+class AgentCommandError(RuntimeError):
+    pass
+
+
+def parse_reward(stdout: str) -> float | None:
+    """The "reward" of the last non-empty stdout line if it is a JSON object, else None."""
+    lines = [line for line in stdout.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        obj = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None
+    reward = obj.get("reward") if isinstance(obj, dict) else None
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return None
+    return float(reward)
+
+
+async def run_command(command: str, env: dict[str, str], stdin: bytes | None = None) -> str:
+    proc = await asyncio.create_subprocess_shell(
+        command,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    try:
+        out, err = await proc.communicate(stdin)
+    except asyncio.CancelledError:  # timeout: kill the whole command tree, then re-raise
+        proc.kill()
+        await proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise AgentCommandError(f"{command!r} exited with {proc.returncode}: {err.decode(errors='replace')[-500:]}")
+    return out.decode(errors="replace")
+
+
+def episode_env(session: Session, sample: Sample) -> dict[str, str]:
+    return {
+        "OPENAI_BASE_URL": session.base_url,
+        "OPENAI_API_KEY": session.api_key,
+        "SLIMEISH_PROMPT": json.dumps(sample.prompt),
+        "SLIMEISH_LABEL": json.dumps(sample.label),
+    }
+
+
+def generate_rollout(
+    args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
+) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    if not args.agent_command:
+        raise ValueError("rollout_functions.agent_command needs --agent-command")
+
+    async def episode(session: Session, sample: Sample) -> Sample:
+        env = episode_env(session, sample)
+        stdout = await run_command(args.agent_command, env)
+        reward = parse_reward(stdout)
+        if reward is None and args.verifier_command:
+            reward = parse_reward(await run_command(args.verifier_command, env, stdin=stdout.encode()))
+        if reward is None:
+            raise AgentCommandError('no reward: the last stdout line must be a JSON object like {"reward": 1.0}')
+        sample.response = stdout
+        sample.reward = reward
+        sample.status = Sample.Status.COMPLETED
+        return sample
+
+    groups = episode_groups(args, data_source, evaluation)
+    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
+    return rollout_output(groups, evaluation)

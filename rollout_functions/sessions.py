@@ -1,0 +1,121 @@
+"""Client side of the router's session API, and the episode runner shared by rollout functions.
+
+A rollout function turns prompt groups into episodes: for every sample it opens a router session
+(group id, index, group size), lets something drive the episode through that session (token-in
+generate, an in-process agent, an external command), scores it, and finishes the session with the
+reward or a failure status. The router captures every turn into the buffer, so the returned
+samples are for metrics: the trainer reads the captured ones from the buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slimeish.types import Sample
+
+
+@dataclass(frozen=True)
+class Session:
+    session_id: str
+    api_key: str
+    base_url: str  # OpenAI base URL: http://ROUTER/s/<api_key>/v1
+
+    @property
+    def generate_url(self) -> str:
+        """The session's token-in endpoint (SGLang /generate body)."""
+        return self.base_url.removesuffix("/v1") + "/generate"
+
+
+class RouterSessions:
+    """Opens and finishes sessions on the router with the admin token; one shared HTTP client."""
+
+    def __init__(self, router_url: str, admin_token: str | None, client: httpx.AsyncClient):
+        self.router_url = router_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.client = client
+
+    async def open(self, group_id: str, index: int, group_size: int, metadata: dict[str, Any]) -> Session:
+        body = {"group_id": group_id, "index": index, "group_size": group_size, "metadata": metadata}
+        r = await self.client.post(f"{self.router_url}/sessions", json=body, headers=self.headers)
+        r.raise_for_status()
+        d = r.json()
+        return Session(d["session_id"], d["api_key"], d["base_url"])
+
+    async def finish(self, session: Session, reward: float | None, status: Sample.Status) -> dict[str, Any]:
+        body = {"reward": reward, "status": status.value, "metadata": {}}
+        url = f"{self.router_url}/sessions/{session.session_id}/finish"
+        r = await self.client.post(url, json=body, headers=self.headers)
+        r.raise_for_status()
+        return r.json()
+
+
+EpisodeFn = Callable[[Session, Sample], Awaitable[Sample]]
+
+
+def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
+    """Training groups are named by their group index; eval groups live in their own namespace."""
+    return f"eval-{rollout_id}-{sample.group_index}" if evaluation else f"g{sample.group_index}"
+
+
+async def run_groups(
+    args: Any, groups: list[list[Sample]], episode: EpisodeFn, *, rollout_id: int, evaluation: bool
+) -> list[list[Sample]]:
+    """Run every sample of every group as one session, at most `args.rollout_concurrency` at once."""
+    limit = asyncio.Semaphore(args.rollout_concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30)) as client:
+        sessions = RouterSessions(args.router_url, args.admin_token, client)
+
+        async def one(sample: Sample, group_size: int) -> Sample:
+            async with limit:
+                meta = {"prompt": sample.prompt, "label": sample.label, "eval": evaluation, **sample.metadata}
+                group_id = group_id_for(sample, evaluation, rollout_id)
+                session = await sessions.open(group_id, sample.index, group_size, meta)
+                sample.session_id = session.session_id
+                try:
+                    sample = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
+                except Exception as exc:  # the agent's failure is data: the group policy decides
+                    sample.status = Sample.Status.FAILED
+                    sample.metadata["error"] = f"{type(exc).__name__}: {exc}"
+                reward = _scalar_reward(sample.reward) if sample.status != Sample.Status.FAILED else None
+                await sessions.finish(session, reward, sample.status)
+                return sample
+
+        tasks = [[asyncio.create_task(one(s, len(g))) for s in g] for g in groups]
+        return [[await t for t in g] for g in tasks]
+
+
+def _scalar_reward(reward: Any) -> float | None:
+    if isinstance(reward, dict):
+        reward = reward.get("reward")
+    return None if reward is None else float(reward)
+
+
+def rollout_output(groups: list[list[Sample]], evaluation: bool) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    """Package finished groups with the metrics every rollout function reports."""
+    samples = [s for g in groups for s in g]
+    rewards = [_scalar_reward(s.reward) or 0.0 for s in samples if s.status != Sample.Status.FAILED]
+    metrics = {
+        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "failed": float(sum(s.status == Sample.Status.FAILED for s in samples)),
+        "truncated": float(sum(s.status == Sample.Status.TRUNCATED for s in samples)),
+        "episodes": float(len(samples)),
+    }
+    if evaluation:
+        data = {"eval": {"rewards": rewards, "truncated": [s.status == Sample.Status.TRUNCATED for s in samples]}}
+        return RolloutFnEvalOutput(data=data, metrics=metrics)
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+
+
+def episode_groups(args: Any, data_source: Any, evaluation: bool) -> list[list[Sample]]:
+    """The prompt groups of one rollout step (every eval prompt when evaluating)."""
+    if evaluation:
+        return data_source.get_samples(len(data_source.prompts))
+    return data_source.get_samples(args.rollout_batch_size)

@@ -1,0 +1,82 @@
+"""Token-in/token-out rollout (slime's default): n samples per prompt through the router's /generate.
+
+Each sample's prompt is rendered with the model's chat template (a list of messages) or used as
+raw text (a string), tokenized once, and sent as `input_ids` to the session's `/generate`; the
+router captures the sampled ids and logprobs. `--custom-generate-function-path` replaces the
+per-sample generate (slime's `async def generate(args, sample, sampling_params) -> Sample`; the
+session is in `sample.metadata["session"]`), and `--custom-rm-path` scores each sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import httpx
+
+from rollout_functions.sessions import Session, episode_groups, rollout_output, run_groups
+from slimeish.rollout import (
+    RolloutFnEvalOutput,
+    RolloutFnTrainOutput,
+    load_generate_function,
+    load_reward_function,
+    sampling_params,
+)
+from slimeish.types import Sample
+
+_FINISH_STATUS = {"stop": Sample.Status.COMPLETED, "length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED}
+
+
+@functools.cache
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def prompt_ids(args: Any, prompt: str | list[dict[str, Any]]) -> list[int]:
+    tok = _tokenizer(str(args.hf_checkpoint))
+    if isinstance(prompt, str):
+        return tok.encode(prompt)
+    encoded = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(encoded["input_ids"])
+
+
+async def generate(args: Any, sample: Sample, params: dict[str, Any]) -> Sample:
+    """Default per-sample generate: one token-in turn on the sample's session."""
+    ids = prompt_ids(args, sample.prompt)
+    body = {"input_ids": ids, "sampling_params": params, "return_logprob": True}
+    async with httpx.AsyncClient(timeout=args.rollout_timeout) as client:
+        r = await client.post(sample.metadata["session"]["generate_url"], json=body)
+    r.raise_for_status()
+    out = r.json()
+    meta = out["meta_info"]
+    output_ids = out["output_ids"]
+    sample.tokens = ids + output_ids
+    sample.response = out["text"]
+    sample.response_length = len(output_ids)
+    sample.loss_mask = [1] * len(output_ids)
+    sample.rollout_log_probs = [lp for lp, _, _ in meta["output_token_logprobs"]]
+    sample.weight_versions = [int(meta["weight_version"])]
+    sample.status = _FINISH_STATUS.get((meta.get("finish_reason") or {}).get("type"), Sample.Status.COMPLETED)
+    return sample
+
+
+def generate_rollout(
+    args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
+) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    gen = load_generate_function(args.custom_generate_function_path) if args.custom_generate_function_path else generate
+    rm = load_reward_function(args.custom_rm_path) if args.custom_rm_path else None
+    params = sampling_params(args, evaluation=evaluation)
+
+    async def episode(session: Session, sample: Sample) -> Sample:
+        sample.metadata["session"] = {"session_id": session.session_id, "generate_url": session.generate_url}
+        sample = await gen(args, sample, dict(params))
+        if rm is not None and sample.status != Sample.Status.FAILED:
+            sample.reward = await rm(args, sample)
+        return sample
+
+    groups = episode_groups(args, data_source, evaluation)
+    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
+    return rollout_output(groups, evaluation)

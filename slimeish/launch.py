@@ -1,0 +1,110 @@
+"""Start (or connect to) the parts a run needs: buffer, engines, router.
+
+Every part is a separate process speaking HTTP or the Redis protocol, exactly as when the parts
+run on different machines; `slimeish train` only composes them. Anything given as a URL is used
+as is; anything not given is started here, as a child in its own process group, and stopped when
+the `Stack` closes (also on Ctrl-C), so no process outlives the run.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from slimeish.config import help_field
+from slimeish.procs import ManagedProcess, free_port, wait_http
+
+
+@dataclass(kw_only=True)
+class StackConfig:
+    buffer_url: str | None = help_field(
+        None, help="redis://HOST:PORT of an existing Redis; default: start the embedded server in the run dir"
+    )
+    engine_url: list[str] = help_field(
+        [], help="URL of an existing SGLang(-protocol) server; repeatable; default: start embedded engines"
+    )
+    num_engines: int = help_field(1, help="embedded engines to start when no --engine-url is given")
+    engine_device: str = help_field("cpu", help="device for embedded engines (cpu or cuda)")
+    router_port: int | None = help_field(None, help="router port (default: a free port)")
+    admin_token: str | None = help_field(None, help="router admin token (default: a fresh random token)")
+    startup_timeout: float = help_field(120.0, help="seconds to wait for each part to become healthy")
+
+
+def wait_redis(url: str, timeout: float, proc: ManagedProcess | None = None) -> None:
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.proc.poll() is not None:
+            raise RuntimeError(f"buffer server exited with code {proc.proc.returncode}; see {proc.log_path}")
+        try:
+            if client.ping():
+                return
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} not answering PING after {timeout:.0f}s")
+
+
+class Stack:
+    """The running parts of one run; use as a context manager."""
+
+    def __init__(self, cfg: StackConfig, *, model_path: Path, run_dir: Path, run_id: str):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.logs = self.run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.model_path = model_path
+        self.run_id = run_id
+        self.admin_token = cfg.admin_token or secrets.token_urlsafe(24)
+        self._exit = ExitStack()
+        self.buffer_url = ""
+        self.engine_urls: list[str] = []
+        self.router_url = ""
+
+    def __enter__(self) -> Stack:
+        try:
+            self.buffer_url = self.cfg.buffer_url or self._start_buffer()
+            self.engine_urls = list(self.cfg.engine_url) or [self._start_engine(i) for i in range(self.cfg.num_engines)]
+            self.router_url = self._start_router()
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._exit.close()
+
+    def _spawn(self, name: str, *argv: str) -> ManagedProcess:
+        proc = ManagedProcess.slimeish(*argv, log_path=self.logs / f"{name}.log")
+        self._exit.callback(proc.stop)
+        return proc
+
+    def _start_buffer(self) -> str:
+        port = free_port()
+        proc = self._spawn("buffer", "buffer", "serve", "--dir", str(self.run_dir / "buffer"), "--port", str(port))
+        url = f"redis://127.0.0.1:{port}/0"
+        wait_redis(url, self.cfg.startup_timeout, proc)
+        return url
+
+    def _start_engine(self, i: int) -> str:
+        port = free_port()
+        args = ["engine", "--model", str(self.model_path), "--port", str(port), "--device", self.cfg.engine_device]
+        proc = self._spawn(f"engine{i}", *args)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health", self.cfg.startup_timeout, proc.proc)
+        return url
+
+    def _start_router(self) -> str:
+        port = self.cfg.router_port or free_port()
+        argv = ["router", "--model", str(self.model_path), "--port", str(port)]
+        argv += ["--buffer-url", self.buffer_url, "--run-id", self.run_id, "--admin-token", self.admin_token]
+        for url in self.engine_urls:
+            argv += ["--engine", url]
+        proc = self._spawn("router", *argv)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health", self.cfg.startup_timeout, proc.proc)
+        return url
