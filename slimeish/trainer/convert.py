@@ -82,10 +82,10 @@ def megatron_to_hf(mg: Tensors, shape: ModelShape) -> Tensors:
         att = h + "self_attn."
         out[h + "input_layernorm.weight"] = mg[m + "input_layernorm.weight"]
         qkv = _qkv_from_megatron(mg[m + "self_attention.linear_qkv.weight"], shape)
-        out.update(zip((att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"), qkv))
+        out.update(zip((att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"), qkv, strict=True))
         if shape.qkv_bias:
             qkv_b = _qkv_from_megatron(mg[m + "self_attention.linear_qkv.bias"], shape)
-            out.update(zip((att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias"), qkv_b))
+            out.update(zip((att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias"), qkv_b, strict=True))
         if shape.qk_norm:
             out[att + "q_norm.weight"] = mg[m + "self_attention.q_layernorm.weight"]
             out[att + "k_norm.weight"] = mg[m + "self_attention.k_layernorm.weight"]

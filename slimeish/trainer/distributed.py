@@ -20,7 +20,8 @@ def init_distributed(*, use_gpu: bool, tensor_parallel: int = 1, pipeline_parall
     Under `torchrun` the usual RANK / WORLD_SIZE / MASTER_ADDR variables are used; otherwise the
     trainer is a world of one on a free loopback port.
     """
-    from megatron.core import parallel_state, tensor_parallel as mtp
+    from megatron.core import parallel_state
+    from megatron.core import tensor_parallel as mtp
 
     if not dist.is_initialized():
         backend = "nccl" if use_gpu else "gloo"

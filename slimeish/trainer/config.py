@@ -1,0 +1,94 @@
+"""Typed configs of the trainer: model/optimisation (`TrainerConfig`) and the RL loss (`LossConfig`).
+
+Each maps onto CLI flags with `slimeish.config.add_dataclass_args`; they are separate dataclasses
+so each becomes its own flag group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from slimeish.config import help_field
+
+
+@dataclass(kw_only=True)
+class LossConfig:
+    advantage_estimator: Literal["grpo", "dr_grpo"] = help_field(
+        "grpo", help="grpo: (r - group mean) / group std; dr_grpo: r - group mean (no std division)"
+    )
+    policy_loss: Literal["ppo", "gspo", "cispo"] = help_field(
+        "ppo", help="ppo: token-level clipped ratio; gspo: sequence-level ratio; cispo: clipped stop-grad IS weight"
+    )
+    eps_clip: float = help_field(0.2, help="lower clip range: ratio >= 1 - eps_clip")
+    eps_clip_high: float | None = help_field(
+        None, help="upper clip range, 1 + eps_clip_high (DAPO clip-higher; default eps_clip)"
+    )
+    dual_clip_c: float | None = help_field(None, help="dual-clip bound c > 1 for negative advantages (off when unset)")
+    loss_aggregation: Literal["token", "sequence"] = help_field(
+        "token", help="token: mean over all trained tokens of the batch; sequence: mean of per-sequence means"
+    )
+    old_log_probs: Literal["trainer", "rollout"] = help_field(
+        "trainer",
+        help="pi_old in the ratio: the trainer's log-probs before the step, or the engine's rollout_log_probs",
+    )
+    kl_coef: float = help_field(0.0, help="weight of the KL penalty to the frozen reference model (0: no reference)")
+    kl_estimator: Literal["k1", "k2", "k3"] = help_field("k3", help="per-token KL estimator (k3 = low-variance)")
+    entropy_coef: float = help_field(0.0, help="weight of the entropy bonus")
+    tis: bool = help_field(False, help="truncated importance sampling between trainer and rollout log-probs")
+    tis_clip_low: float = help_field(0.0, help="lower bound of the TIS weight")
+    tis_clip_high: float = help_field(2.0, help="upper bound of the TIS weight")
+
+    def __post_init__(self) -> None:
+        if self.eps_clip < 0 or (self.eps_clip_high is not None and self.eps_clip_high < 0):
+            raise ValueError("eps_clip and eps_clip_high must be >= 0")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
+        if self.tis and self.old_log_probs == "rollout":
+            raise ValueError("tis corrects trainer-vs-rollout mismatch; it needs old_log_probs='trainer'")
+        if not 0 <= self.tis_clip_low <= self.tis_clip_high:
+            raise ValueError("need 0 <= tis_clip_low <= tis_clip_high")
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    model_path: Path = help_field(help="Hugging Face model directory (config.json, safetensors, tokenizer)")
+    device: Literal["auto", "cpu", "cuda"] = help_field(
+        "auto", help="cpu: gloo + torch AdamW; cuda: NCCL + Megatron optimizer"
+    )
+    dtype: Literal["float32", "bfloat16"] = help_field("float32", help="parameter dtype (bfloat16 on GPU only)")
+    tensor_parallel: int = help_field(1, help="Megatron tensor-parallel size (GPU)")
+    lr: float = help_field(1e-6, help="peak learning rate")
+    min_lr: float = help_field(0.0, help="learning rate at the end of the decay")
+    lr_warmup_steps: int = help_field(0, help="linear warm-up steps from 0 to --lr")
+    lr_decay_steps: int | None = help_field(None, help="steps of decay after warm-up (unset: constant)")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = help_field("constant", help="decay shape after warm-up")
+    weight_decay: float = help_field(0.0, help="AdamW weight decay")
+    adam_beta1: float = help_field(0.9, help="AdamW beta1")
+    adam_beta2: float = help_field(0.98, help="AdamW beta2")
+    adam_eps: float = help_field(1e-8, help="AdamW epsilon")
+    clip_grad: float = help_field(1.0, help="max global gradient norm (0: no clipping)")
+    micro_batch_tokens: int = help_field(4096, help="max tokens per micro-batch (padding included)")
+    global_batch_size: int | None = help_field(
+        None, help="samples per optimizer step; a train_step batch must be a multiple (unset: one step per call)"
+    )
+    seed: int = help_field(0, help="random seed")
+
+    def __post_init__(self) -> None:
+        self.model_path = Path(self.model_path)
+        if self.micro_batch_tokens <= 0:
+            raise ValueError("micro_batch_tokens must be > 0")
+        if self.global_batch_size is not None and self.global_batch_size <= 0:
+            raise ValueError("global_batch_size must be > 0")
+        if self.lr_decay_style != "constant" and not self.lr_decay_steps:
+            raise ValueError(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps")
+
+    def use_gpu(self) -> bool:
+        import torch
+
+        if self.device == "auto":
+            return torch.cuda.is_available()
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available")
+        return self.device == "cuda"

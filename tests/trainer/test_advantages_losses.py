@@ -1,0 +1,117 @@
+"""Each advantage estimator, loss, penalty and reduction against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from slimeish.trainer import losses as L
+from slimeish.trainer.advantages import group_normalized_advantages
+from slimeish.trainer.config import LossConfig
+
+
+def test_grpo_advantages_by_hand():
+    # group 0: rewards 1, 0, 0, 1 -> mean 0.5, unbiased std sqrt(1/3); group 1: 2 and 4 -> mean 3, std sqrt(2)
+    adv = group_normalized_advantages(torch.tensor([1.0, 0.0, 2.0, 0.0, 1.0, 4.0]), [0, 0, 1, 0, 0, 1], eps=0.0)
+    s0, s1 = math.sqrt(1 / 3), math.sqrt(2)
+    want = [0.5 / s0, -0.5 / s0, -1 / s1, -0.5 / s0, 0.5 / s0, 1 / s1]
+    torch.testing.assert_close(adv, torch.tensor(want))
+
+
+def test_dr_grpo_keeps_scale_and_singleton_group_is_zero():
+    adv = group_normalized_advantages(torch.tensor([1.0, 0.0, 0.0, 5.0]), [0, 0, 0, 1], normalize_std=False)
+    torch.testing.assert_close(adv, torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.0]))
+
+
+def test_uniform_group_has_zero_advantage():
+    adv = group_normalized_advantages(torch.tensor([1.0, 1.0, 1.0]), [7, 7, 7])
+    assert torch.equal(adv, torch.zeros(3))
+
+
+def test_ppo_clip_clip_higher_and_dual_clip():
+    ratio = torch.tensor([0.5, 1.1, 1.5, 1.5, 5.0])
+    adv = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0])
+    loss, clipped = L.ppo_clip_loss(ratio, adv, eps_clip=0.2, eps_clip_high=0.28, dual_clip_c=None)
+    # A>0: max(-r, -clip(r)): r=0.5 -> max(-0.5, -0.8) = -0.5 (not clipped); r=1.5 -> -1.28 (clipped)
+    # A<0: max(r, clip(r)): r=1.5 -> 1.5; r=5 -> 5
+    torch.testing.assert_close(loss, torch.tensor([-0.5, -1.1, -1.28, 1.5, 5.0]))
+    torch.testing.assert_close(clipped, torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0]))
+    loss, clipped = L.ppo_clip_loss(ratio, adv, eps_clip=0.2, eps_clip_high=0.28, dual_clip_c=3.0)
+    torch.testing.assert_close(loss, torch.tensor([-0.5, -1.1, -1.28, 1.5, 3.0]))  # 5 bounded by c * |A| = 3
+    torch.testing.assert_close(clipped, torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0]))
+
+
+def test_ppo_gradient_is_zero_on_clipped_tokens():
+    logp = torch.log(torch.tensor([0.6, 0.3])).requires_grad_()
+    old = torch.log(torch.tensor([0.4, 0.3]))
+    loss, _ = L.ppo_clip_loss((logp - old).exp(), torch.tensor([1.0, 1.0]), 0.2, 0.2, None)
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, -1.0]))  # ratio 1.5 clipped; ratio 1 -> -A r
+
+
+def test_gspo_ratio_is_sequence_level():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.5, -2.0, -2.0], [-2.0, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    log_ratio = L.gspo_log_ratio(logp, old, mask)
+    # sequence means of log(pi/pi_old): (0.5 + 0 - 1) / 3 = -1/6 and (1 + 0) / 2 = 0.5, on every token
+    torch.testing.assert_close(log_ratio, torch.tensor([[-1 / 6] * 3, [0.5] * 3]))
+    log_ratio.sum().backward()
+    assert torch.equal(logp.grad, torch.ones_like(logp))  # gradient of log pi itself
+
+
+def test_cispo_weight_is_clipped_and_detached():
+    logp = torch.log(torch.tensor([0.9, 0.5])).requires_grad_()
+    old = torch.log(torch.tensor([0.5, 0.5]))
+    adv = torch.tensor([2.0, -1.0])
+    loss, clipped = L.cispo_loss(logp, old, adv, eps_clip=0.2, eps_clip_high=0.28)
+    # ratio 1.8 -> weight 1.28, ratio 1 -> weight 1: loss = -w A log pi
+    torch.testing.assert_close(loss, torch.tensor([-1.28 * 2 * math.log(0.9), 1 * math.log(0.5)]))
+    torch.testing.assert_close(clipped, torch.tensor([1.0, 0.0]))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([-2.56, 1.0]))  # clipped token keeps its gradient
+
+
+@pytest.mark.parametrize(
+    ("kind", "want"),
+    [("k1", [0.5, -1.0]), ("k2", [0.125, 0.5]), ("k3", [math.exp(-0.5) - 1 + 0.5, math.exp(1.0) - 1 - 1.0])],
+)
+def test_kl_estimators(kind, want):
+    kl = L.kl_penalty(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0]), kind)
+    torch.testing.assert_close(kl, torch.tensor(want))
+
+
+def test_entropy_of_uniform_and_peaked():
+    ent = L.entropy_from_logits(torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, -1e9, -1e9, -1e9]]))
+    torch.testing.assert_close(ent, torch.tensor([math.log(4), 0.0]))
+
+
+def test_truncated_importance_weights():
+    w = L.truncated_is_weights(torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([-1.0, -2.0, -0.5]), 0.0, 2.0)
+    torch.testing.assert_close(w, torch.tensor([1.0, 2.0, math.exp(-0.5)]))  # e^1 truncated to 2
+
+
+def test_token_and_sequence_aggregation():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    torch.testing.assert_close(L.aggregate(per_token, mask, "token", 4.0), torch.tensor(10 / 4))
+    torch.testing.assert_close(L.aggregate(per_token, mask, "sequence", 2.0), torch.tensor((2.0 + 4.0) / 2))
+
+
+def test_policy_loss_dispatch_and_stats():
+    logp = torch.log(torch.tensor([[0.5, 0.9]]))
+    old = torch.log(torch.tensor([[0.5, 0.5]]))
+    adv, mask = torch.tensor([[1.0, 1.0]]), torch.ones(1, 2)
+    loss, stats = L.policy_loss(LossConfig(eps_clip=0.2), logp, old, adv, mask)
+    torch.testing.assert_close(loss, torch.tensor([[-1.0, -1.2]]))
+    assert stats["clip_fraction"].item() == pytest.approx(0.5)
+    assert stats["ppo_kl"].item() == pytest.approx(-math.log(1.8) / 2)
+
+
+def test_loss_config_rejects_bad_values():
+    with pytest.raises(ValueError):
+        LossConfig(dual_clip_c=0.5)
+    with pytest.raises(ValueError):
+        LossConfig(tis=True, old_log_probs="rollout")
