@@ -12,8 +12,10 @@ or malformed rewards fail the episode; the buffer's group policy decides what ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 from typing import Any
 
 from rollout_functions.sessions import Session, episode_groups, rollout_output, run_groups
@@ -51,8 +53,9 @@ async def run_command(command: str, env: dict[str, str], stdin: bytes | None = N
     )
     try:
         out, err = await proc.communicate(stdin)
-    except asyncio.CancelledError:  # timeout: kill the whole command tree, then re-raise
-        proc.kill()
+    except asyncio.CancelledError:  # timeout: kill the whole command tree (its own session), then re-raise
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         raise
     if proc.returncode != 0:

@@ -1,0 +1,34 @@
+"""Reference implementations of the three plugin hooks, written exactly as a slime user would."""
+
+from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slimeish.types import Sample
+
+
+def generate_rollout(args, rollout_id, data_source, evaluation=False):
+    groups = data_source.get_samples(args.rollout_batch_size)
+    for group in groups:
+        for sample in group:
+            sample.response = f"echo {sample.prompt}"
+            sample.reward = 1.0 if sample.label == sample.prompt else 0.0
+            sample.status = Sample.Status.COMPLETED
+    if evaluation:
+        return RolloutFnEvalOutput(data={"eval": {"rewards": [s.reward for g in groups for s in g]}})
+    return RolloutFnTrainOutput(samples=groups, metrics={"rollout_id": rollout_id})
+
+
+async def generate(args, sample, sampling_params):
+    sample.response = "x" * sampling_params["max_new_tokens"]
+    sample.status = Sample.Status.COMPLETED
+    return sample
+
+
+async def reward(args, sample):
+    return float(sample.response == sample.label)
+
+
+def not_async_reward(args, sample):
+    return 0.0
+
+
+async def reward_missing_sample(args):
+    return 0.0

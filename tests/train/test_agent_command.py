@@ -1,0 +1,38 @@
+"""agent_command: reward parsing and the subprocess runner, with real shell commands."""
+
+import asyncio
+
+import pytest
+
+from rollout_functions.agent_command import AgentCommandError, parse_reward, run_command
+
+
+@pytest.mark.parametrize(
+    "stdout, reward",
+    [
+        ('log\n{"reward": 0.5}\n', 0.5),
+        ('{"reward": 1}', 1.0),
+        ("no json", None),
+        ('{"reward": "1"}', None),
+        ('{"reward": true}', None),
+        ("", None),
+        ("[1]", None),
+    ],
+)
+def test_parse_reward(stdout, reward):
+    assert parse_reward(stdout) == reward
+
+
+def test_command_sees_session_env_and_stdin():
+    out = asyncio.run(run_command('echo "$OPENAI_BASE_URL"; cat', {"OPENAI_BASE_URL": "http://x/v1"}, b"in"))
+    assert out == "http://x/v1\nin"
+
+
+def test_crash_is_an_error_with_stderr():
+    with pytest.raises(AgentCommandError, match="exited with 3: boom"):
+        asyncio.run(run_command("echo boom >&2; exit 3", {}))
+
+
+def test_timeout_kills_the_command():
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(run_command("sleep 30", {}), 0.5))
