@@ -1,0 +1,341 @@
+"""`Buffer`: the async client the router (writes), rollout side and trainer (reads) share.
+
+One `Buffer` per process, created from a Redis URL and a run id. Writes that must go together
+run as one Lua script (atomic in Redis); token arrays travel as packed bytes in one command per
+turn or per finished session, never per token. Trainable groups are entries of a Redis stream
+read through a consumer group, which gives exactly-once training: an entry handed out and not
+acknowledged stays pending and is handed out again (see `take_groups`); an acknowledged one is
+deleted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from buffer import scripts
+from buffer.codec import decode_sample, decode_turn, encode_sample, encode_turn
+from buffer.config import FILTER_SIGNATURE, BufferConfig
+from buffer.errors import BufferInputError, UnknownSessionError, from_script_error
+from buffer.keys import CONSUMER_GROUP, Keys
+from buffer.records import Group, RegenerateRequest, SessionInfo, SessionStatus, Turn
+from buffer.rules import GroupFilter, Member, judge
+from buffer.segments import build_samples, check_next_turn
+from buffer.stats import BufferStats, read_stats
+from slimeish.plugins import load_function
+from slimeish.types import Sample
+
+Reward = float | dict[str, Any]
+_SCRIPTS = ("OPEN_SESSION", "APPEND_TURN", "FINISH_SESSION", "SET_REWARD", "ACK", "GIVE_BACK", "DROP")
+
+
+def _json(value: Any, what: str) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise BufferInputError(f"{what} must be JSON-serialisable: {exc}") from None
+
+
+def _reward_json(reward: Reward | None) -> bytes:
+    if reward is None:
+        return b""
+    if isinstance(reward, bool) or not isinstance(reward, (int, float, dict)):
+        raise BufferInputError(f"reward must be a float or a dict, got {reward!r}")
+    if isinstance(reward, float) and not math.isfinite(reward):
+        raise BufferInputError(f"reward must be finite, got {reward}")
+    return _json(reward, "reward")
+
+
+class Buffer:
+    """The data buffer of one run in one Redis database."""
+
+    def __init__(self, url: str, run_id: str, config: BufferConfig | None = None) -> None:
+        self.keys = Keys(run_id)
+        self.config = config or BufferConfig()
+        self.redis = Redis.from_url(url)  # uses the hiredis parser when it is installed
+        self._scripts = {name: self.redis.register_script(getattr(scripts, name)) for name in _SCRIPTS}
+        self._filter: GroupFilter | None = None
+        if self.config.group_filter_path:
+            self._filter = load_function(
+                self.config.group_filter_path,
+                expected=FILTER_SIGNATURE,
+                params=["group_id", "samples"],
+                is_async=False,
+            )
+        self._turns: dict[str, list[Turn]] = {}  # turns this process appended to still-open sessions
+        self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
+        self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
+        self._consumer_group_made = False
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def __aenter__(self) -> Buffer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        try:
+            return await self._scripts[name](keys=keys, args=args, client=client)
+        except ResponseError as exc:
+            raise from_script_error(str(exc)) or exc from None
+
+    # ---- writes: router and rollout side ---------------------------------------------------------
+
+    async def open_session(self, info: SessionInfo) -> bool:
+        """Register a session in its group (created on first use). False if it was already open (retry)."""
+        info.validate()
+        k, sid, gid = self.keys, info.session_id, info.group_id
+        args = [sid, gid, info.index, info.group_size, _json(info.metadata, "metadata"), time.time()]
+        return bool(await self._run("OPEN_SESSION", [k.session(sid), k.group(gid), k.members(gid), k.stats], args))
+
+    async def append_turn(self, turn: Turn) -> bool:
+        """Store one turn. Turns arrive in order; a retried identical turn is stored once (returns False)."""
+        turn.validate()
+        cached = self._turns.get(turn.session_id, [])
+        previous = cached[turn.turn_index - 1] if 0 < turn.turn_index <= len(cached) else None
+        if turn.turn_index and previous is None:
+            previous = await self._load_turn(turn.session_id, turn.turn_index - 1)
+        check_next_turn(previous, turn)
+        k = self.keys
+        stored = await self._run(
+            "APPEND_TURN",
+            [k.session(turn.session_id), k.turns(turn.session_id), k.stats],
+            [turn.session_id, turn.turn_index, encode_turn(turn)],
+        )
+        if stored and len(cached) == turn.turn_index:
+            self._turns.setdefault(turn.session_id, cached).append(turn)
+        return bool(stored)
+
+    async def finish_session(
+        self,
+        session_id: str,
+        reward: Reward | None = None,
+        status: SessionStatus | str = SessionStatus.COMPLETED,
+        metadata: dict[str, Any] | None = None,
+    ) -> list[Sample]:
+        """Seal a session: build and store one Sample per segment, atomically with the group update.
+
+        `reward=None` (and a status other than failed) leaves the reward for `set_reward`; the
+        group becomes trainable once every member is failed or rewarded. A failed session has no
+        samples. A retried identical call changes nothing and returns the stored samples.
+        """
+        status = SessionStatus(status)
+        if status is SessionStatus.OPEN:
+            raise BufferInputError("finish_session needs a final status, not 'open'")
+        reward_json, meta_json = _reward_json(reward), _json(metadata or {}, "metadata")
+        k = self.keys
+        fields = await self.redis.hmget(
+            k.session(session_id), ["status", "n_turns", "index", "group_seq", "metadata", "group_id"]
+        )
+        if fields[0] is None:
+            raise UnknownSessionError(f"unknown session {session_id}")
+        n_turns, gid = int(fields[1]), fields[5].decode()
+        samples: list[Sample] = []
+        if fields[0] == b"open":
+            turns = self._turns.get(session_id, [])
+            if len(turns) != n_turns:  # appended by another process: read them back
+                turns = await self._load_turns(session_id)
+            sample_meta = {**orjson.loads(fields[4]), **(metadata or {}), "group_id": gid}
+            samples = build_samples(
+                turns,
+                status=Sample.Status(status.value),
+                index=int(fields[2]),
+                group_index=int(fields[3]),
+                metadata=sample_meta,
+            )
+        pairs = [part for s in samples for part in (s.segment_index, encode_sample(s))]
+        args = [session_id, n_turns, status.value, reward_json, meta_json, time.time(), *pairs]
+        sealed = await self._run(
+            "FINISH_SESSION", [k.session(session_id), k.samples(session_id), k.group(gid), k.stats, k.ready], args
+        )
+        self._turns.pop(session_id, None)
+        if not sealed:
+            return await self.session_samples(session_id)
+        for s in samples:
+            s.reward = reward
+        return samples
+
+    async def fail_session(self, session_id: str, error: str = "") -> None:
+        """Mark a session failed (never trained on); its group still completes."""
+        await self.finish_session(session_id, None, SessionStatus.FAILED, {"error": error} if error else None)
+
+    async def set_reward(self, session_id: str, reward: Reward) -> bool:
+        """Attach the reward to a session finished without one. False if this exact reward was already set."""
+        reward_json = _reward_json(reward)
+        if not reward_json:
+            raise BufferInputError("set_reward needs a reward, got None")
+        gid = await self.redis.hget(self.keys.session(session_id), "group_id")
+        if gid is None:
+            raise UnknownSessionError(f"unknown session {session_id}")
+        k = self.keys
+        keys = [k.session(session_id), k.samples(session_id), k.group(gid.decode()), k.stats, k.ready]
+        return bool(await self._run("SET_REWARD", keys, [session_id, reward_json, time.time()]))
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    async def _load_turn(self, session_id: str, turn_index: int) -> Turn | None:
+        data = await self.redis.hget(self.keys.turns(session_id), str(turn_index))
+        return decode_turn(data) if data is not None else None
+
+    async def _load_turns(self, session_id: str) -> list[Turn]:
+        stored = await self.redis.hgetall(self.keys.turns(session_id))
+        return sorted((decode_turn(v) for v in stored.values()), key=lambda t: t.turn_index)
+
+    async def turns(self, session_id: str) -> list[Turn]:
+        """All stored turns of a session, in order."""
+        return await self._load_turns(session_id)
+
+    async def session_samples(self, session_id: str) -> list[Sample]:
+        """The samples stored when the session was finished (reward included once it is set)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.samples(session_id))
+        pipe.hget(self.keys.session(session_id), "reward")
+        blobs, reward = await pipe.execute()
+        return _decode_member(blobs, reward)
+
+    async def iter_samples(self) -> AsyncIterator[Sample]:
+        """Every stored sample of the run (for export and inspection), session by session."""
+        async for key in self.redis.scan_iter(match=self.keys.samples_pattern(), count=500):
+            for sample in await self.session_samples(self.keys.session_id_from_samples_key(key.decode())):
+                yield sample
+
+    async def stats(self) -> BufferStats:
+        """Counts of sessions and groups by state, staleness drops, bytes stored."""
+        await self._ensure_consumer_group()
+        return await read_stats(self.redis, self.keys)
+
+    # ---- consumption: trainer -----------------------------------------------------------------
+
+    async def _ensure_consumer_group(self) -> None:
+        if self._consumer_group_made:
+            return
+        try:  # from id 0, so groups completed before the first trainer started are seen too
+            await self.redis.xgroup_create(self.keys.ready, CONSUMER_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._consumer_group_made = True
+
+    async def take_groups(self, n: int, consumer: str, current_version: int | None = None) -> list[Group]:
+        """Hand out up to `n` trainable groups to `consumer` (non-blocking; fewer if fewer are ready).
+
+        The first calls of a process under a consumer name first return that consumer's groups
+        handed out before and never acknowledged (the trainer crashed), then new ones. Groups
+        that break the failed-member policy, the staleness bound (against `current_version`)
+        or the filter hook are never returned; stale ones are queued for regeneration.
+        """
+        if n < 1:
+            raise BufferInputError(f"take_groups needs n >= 1, got {n}")
+        await self._ensure_consumer_group()
+        taken: list[Group] = []
+        while len(taken) < n:
+            entries = await self._next_entries(n - len(taken), consumer)
+            if not entries:
+                break
+            taken += await self._judge_entries(entries, current_version)
+        return taken
+
+    async def _next_entries(self, count: int, consumer: str) -> list[tuple[bytes, dict | None]]:
+        if consumer not in self._recovered:  # re-read our own unacknowledged deliveries first
+            cursor = self._pending_cursor.get(consumer, "0")
+            reply = await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: cursor}, count=count)
+            entries = reply[0][1] if reply else []
+            if len(entries) < count:
+                self._recovered.add(consumer)
+            if entries:
+                self._pending_cursor[consumer] = entries[-1][0].decode()
+                return entries
+        if self.config.reclaim_after_s is not None:
+            idle_ms = int(self.config.reclaim_after_s * 1000)
+            reply = await self.redis.xautoclaim(self.keys.ready, CONSUMER_GROUP, consumer, idle_ms, count=count)
+            if reply[1]:
+                return reply[1]
+        reply = await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: ">"}, count=count)
+        return reply[0][1] if reply else []
+
+    async def _judge_entries(self, entries: list, current_version: int | None) -> list[Group]:
+        k = self.keys
+        gids = [fields[b"group"].decode() if fields else None for _, fields in entries]
+        pipe = self.redis.pipeline(transaction=False)
+        for gid in filter(None, gids):
+            pipe.hget(k.group(gid), "metadata")
+            pipe.hgetall(k.members(gid))
+        replies = iter(await pipe.execute())
+        loaded = [(gid, orjson.loads(next(replies)), next(replies)) if gid else None for gid in gids]
+        sessions = [sid.decode() for item in loaded if item for _, sid in sorted(item[2].items(), key=_by_index)]
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in sessions:
+            pipe.hgetall(k.samples(sid))
+            pipe.hmget(k.session(sid), ["status", "reward"])
+        replies = iter(await pipe.execute())
+        kept: list[Group] = []
+        drops = self.redis.pipeline(transaction=False)
+        for (entry_id, _), item in zip(entries, loaded, strict=True):
+            entry = entry_id.decode()
+            if item is None:  # an entry deleted after delivery: nothing to train on
+                drops.xack(k.ready, CONSUMER_GROUP, entry)
+                continue
+            gid, metadata, members = item
+            group_members = [_member(next(replies), next(replies)) for _ in members]
+            verdict = judge(gid, group_members, self.config, current_version, self._filter)
+            if verdict.keep:
+                kept.append(Group(gid, verdict.samples, metadata, entry))
+            else:
+                await self._drop(drops, gid, entry, verdict.state, metadata, verdict.oldest_version, current_version)
+        await drops.execute()
+        return kept
+
+    async def _drop(
+        self, pipe: Any, gid: str, entry: str, state: str, metadata: dict, oldest: int | None, current: int | None
+    ) -> None:
+        regen = b""
+        if state == "dropped_stale":
+            regen = orjson.dumps(
+                {"group_id": gid, "metadata": metadata, "oldest_version": oldest, "current_version": current}
+            )
+        k = self.keys
+        keys = [k.group(gid), k.ready, k.stats, k.regenerate]
+        await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", regen, time.time()], pipe)
+
+    async def ack(self, group_ids: Iterable[str]) -> int:
+        """Acknowledge trained groups (after the step is committed): never handed out again.
+        Returns how many were newly acknowledged; acknowledging twice is a no-op."""
+        return await self._per_group("ACK", group_ids, lambda gid: [gid, CONSUMER_GROUP, time.time()])
+
+    async def give_back(self, group_ids: Iterable[str]) -> int:
+        """Return taken, unacknowledged groups to the queue so any consumer can take them again."""
+        return await self._per_group("GIVE_BACK", group_ids, lambda gid: [gid, CONSUMER_GROUP])
+
+    async def _per_group(self, name: str, group_ids: Iterable[str], args: Any) -> int:
+        k = self.keys
+        done = 0
+        for gid in group_ids:  # one atomic script per group: a bad id does not undo the others
+            done += await self._run(name, [k.group(gid), k.ready, k.stats], args(gid))
+        return done
+
+    async def pop_regenerate(self, n: int = 1) -> list[RegenerateRequest]:
+        """Pop up to `n` requests to generate a stale group's prompt again (oldest first)."""
+        items = await self.redis.lpop(self.keys.regenerate, n) or []
+        return [RegenerateRequest(**orjson.loads(item)) for item in items]
+
+
+def _by_index(item: tuple[bytes, bytes]) -> int:
+    return int(item[0])
+
+
+def _decode_member(blobs: dict[bytes, bytes], reward: bytes | None) -> list[Sample]:
+    value = orjson.loads(reward) if reward else None
+    return [decode_sample(blobs[seg], value) for seg in sorted(blobs, key=int)]
+
+
+def _member(blobs: dict[bytes, bytes], fields: list[bytes | None]) -> Member:
+    return Member(SessionStatus(fields[0].decode()), _decode_member(blobs, fields[1]))

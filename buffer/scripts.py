@@ -1,0 +1,174 @@
+"""Lua scripts for the writes that must happen together (Redis runs each one atomically).
+
+Each script checks its preconditions before its first write, so a refused call changes nothing.
+Errors are replied as "<CODE> message" (codes in buffer/errors.py). All keys come from KEYS,
+built by buffer/keys.py.
+"""
+
+from __future__ import annotations
+
+# A group member is done once it failed or has a reward; the last one makes the group trainable.
+# Expects KEYS group/stats/ready at 3/4/5 and locals gid, failed, now.
+_MEMBER_DONE = """
+local function member_done(gid, failed, now)
+  local done = redis.call('HINCRBY', KEYS[3], 'done', 1)
+  if failed then redis.call('HINCRBY', KEYS[3], 'failed', 1) end
+  if done == tonumber(redis.call('HGET', KEYS[3], 'size')) then
+    local entry = redis.call('XADD', KEYS[5], '*', 'group', gid)
+    redis.call('HSET', KEYS[3], 'state', 'ready', 'entry', entry, 'completed_at', now)
+    redis.call('HINCRBY', KEYS[4], 'groups_open', -1)
+    redis.call('HINCRBY', KEYS[4], 'groups_completed', 1)
+  end
+end
+"""
+
+# KEYS: session, group, members, stats
+# ARGV: session_id, group_id, index, group_size, metadata_json, now
+OPEN_SESSION = """
+local old_group = redis.call('HGET', KEYS[1], 'group_id')
+if old_group then
+  if old_group == ARGV[2] and redis.call('HGET', KEYS[1], 'index') == ARGV[3] then return 0 end
+  return redis.error_reply('CONFLICT session ' .. ARGV[1] .. ' already exists in group ' .. old_group ..
+    ' at index ' .. redis.call('HGET', KEYS[1], 'index'))
+end
+local size = redis.call('HGET', KEYS[2], 'size')
+if size and size ~= ARGV[4] then
+  return redis.error_reply('CONFLICT group ' .. ARGV[2] .. ' has size ' .. size .. ', not ' .. ARGV[4])
+end
+local holder = redis.call('HGET', KEYS[3], ARGV[3])
+if holder then
+  return redis.error_reply('CONFLICT index ' .. ARGV[3] .. ' of group ' .. ARGV[2] .. ' is taken by session ' .. holder)
+end
+local seq
+if size then
+  seq = redis.call('HGET', KEYS[2], 'seq')
+else
+  seq = redis.call('HINCRBY', KEYS[4], 'group_seq', 1) - 1
+  redis.call('HSET', KEYS[2], 'size', ARGV[4], 'seq', seq, 'state', 'open', 'done', 0, 'failed', 0,
+    'metadata', ARGV[5], 'created_at', ARGV[6])
+  redis.call('HINCRBY', KEYS[4], 'groups_open', 1)
+end
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[1], 'group_id', ARGV[2], 'index', ARGV[3], 'group_size', ARGV[4], 'group_seq', seq,
+  'status', 'open', 'reward', '', 'metadata', ARGV[5], 'finish_metadata', '{}', 'created_at', ARGV[6], 'n_turns', 0)
+redis.call('HINCRBY', KEYS[4], 'sessions_open', 1)
+return 1
+"""
+
+# KEYS: session, turns, stats
+# ARGV: session_id, turn_index, payload
+APPEND_TURN = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
+local previous = redis.call('HGET', KEYS[2], ARGV[2])
+if previous then
+  if previous == ARGV[3] then return 0 end
+  return redis.error_reply('CONFLICT turn ' .. ARGV[2] .. ' of session ' .. ARGV[1] .. ' was stored with other content')
+end
+if status ~= 'open' then
+  return redis.error_reply('FINISHED session ' .. ARGV[1] .. ' is ' .. status .. '; cannot append turn ' .. ARGV[2])
+end
+local n = tonumber(redis.call('HGET', KEYS[1], 'n_turns'))
+if tonumber(ARGV[2]) ~= n then
+  return redis.error_reply('BADINPUT session ' .. ARGV[1] .. ' has ' .. n .. ' turns; the next turn_index must be ' ..
+    n .. ', got ' .. ARGV[2])
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[1], 'n_turns', n + 1)
+redis.call('HINCRBY', KEYS[3], 'bytes_turns', #ARGV[3])
+return 1
+"""
+
+# KEYS: session, samples, group, stats, ready
+# ARGV: session_id, n_turns, status, reward_json ('' = later), finish_metadata_json, now, then segment/blob pairs
+FINISH_SESSION = (
+    _MEMBER_DONE
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
+if status ~= 'open' then
+  if status == ARGV[3] and redis.call('HGET', KEYS[1], 'reward') == ARGV[4] then return 0 end
+  return redis.error_reply('FINISHED session ' .. ARGV[1] .. ' is already ' .. status)
+end
+if redis.call('HGET', KEYS[1], 'n_turns') ~= ARGV[2] then
+  return redis.error_reply('CONFLICT turns were appended to session ' .. ARGV[1] .. ' while it was being finished')
+end
+local bytes = 0
+for i = 7, #ARGV, 2 do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  bytes = bytes + #ARGV[i + 1]
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[3], 'reward', ARGV[4], 'finish_metadata', ARGV[5], 'finished_at', ARGV[6])
+redis.call('HINCRBY', KEYS[4], 'sessions_open', -1)
+redis.call('HINCRBY', KEYS[4], ARGV[3] == 'failed' and 'sessions_failed' or 'sessions_finished', 1)
+redis.call('HINCRBY', KEYS[4], 'bytes_samples', bytes)
+if ARGV[3] == 'failed' or ARGV[4] ~= '' then
+  member_done(redis.call('HGET', KEYS[1], 'group_id'), ARGV[3] == 'failed', ARGV[6])
+end
+return 1
+"""
+)
+
+# KEYS: session, (unused), group, stats, ready
+# ARGV: session_id, reward_json, now
+SET_REWARD = (
+    _MEMBER_DONE
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
+if status == 'open' or status == 'failed' then
+  return redis.error_reply('BADINPUT session ' .. ARGV[1] .. ' is ' .. status .. '; a reward needs a finished session')
+end
+local reward = redis.call('HGET', KEYS[1], 'reward')
+if reward ~= '' then
+  if reward == ARGV[2] then return 0 end
+  return redis.error_reply('CONFLICT session ' .. ARGV[1] .. ' already has reward ' .. reward)
+end
+redis.call('HSET', KEYS[1], 'reward', ARGV[2])
+member_done(redis.call('HGET', KEYS[1], 'group_id'), false, ARGV[3])
+return 1
+"""
+)
+
+# KEYS: group, ready, stats
+# ARGV: group_id, consumer_group, now
+ACK = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return redis.error_reply('NOGROUP unknown group ' .. ARGV[1]) end
+if state == 'trained' then return 0 end
+local entry = redis.call('HGET', KEYS[1], 'entry')
+if not entry or redis.call('XACK', KEYS[2], ARGV[2], entry) == 0 then
+  return redis.error_reply('NOTTAKEN group ' .. ARGV[1] .. ' is ' .. state .. ' and not handed out')
+end
+redis.call('XDEL', KEYS[2], entry)
+redis.call('HSET', KEYS[1], 'state', 'trained', 'trained_at', ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'groups_trained', 1)
+return 1
+"""
+
+# KEYS: group, ready, stats
+# ARGV: group_id, consumer_group
+GIVE_BACK = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return redis.error_reply('NOGROUP unknown group ' .. ARGV[1]) end
+local entry = redis.call('HGET', KEYS[1], 'entry')
+if state ~= 'ready' or redis.call('XACK', KEYS[2], ARGV[2], entry) == 0 then
+  return redis.error_reply('NOTTAKEN group ' .. ARGV[1] .. ' is ' .. state .. ' and not handed out')
+end
+redis.call('XDEL', KEYS[2], entry)
+redis.call('HSET', KEYS[1], 'entry', redis.call('XADD', KEYS[2], '*', 'group', ARGV[1]))
+redis.call('HINCRBY', KEYS[3], 'groups_given_back', 1)
+return 1
+"""
+
+# Never hand out this group again: acknowledge its entry, record why, maybe ask for regeneration.
+# KEYS: group, ready, stats, regenerate
+# ARGV: entry_id, consumer_group, state, counter, regenerate_json ('' = none), now
+DROP = """
+if redis.call('XACK', KEYS[2], ARGV[2], ARGV[1]) == 0 then return 0 end
+redis.call('XDEL', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'dropped_at', ARGV[6])
+redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+if ARGV[5] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[5]) end
+return 1
+"""
