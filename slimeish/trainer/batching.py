@@ -1,0 +1,101 @@
+"""Pack samples into right-padded micro-batches bounded by a token budget.
+
+A micro-batch costs (number of sequences) x (longest sequence) tokens once padded; samples are
+sorted longest first and packed greedily, so sequences of similar length share a micro-batch.
+Tensors cover the response part: position j of row i is response token j of sample i, predicted
+by the logits at prompt_length - 1 + j.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from slimeish.types import Sample
+
+
+@dataclass(kw_only=True, slots=True)
+class MicroBatch:
+    indices: list[int]  # positions of these rows in the caller's sample list
+    input_ids: Tensor  # [b, L] prompt + response, right-padded with 0
+    response_start: Tensor  # [b] index of the logit that predicts the first response token
+    loss_mask: Tensor  # [b, R] float, 0 on padding and on tokens the model did not sample
+    rollout_log_probs: Tensor  # [b, R] engine log-probs (0 where missing)
+    advantages: Tensor  # [b, R] the sample's advantage on every response position
+    has_rollout: Tensor  # [b] bool, whether the sample carries rollout_log_probs
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(indices=self.indices, **{k: getattr(self, k).to(device) for k in _TENSORS})
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+_TENSORS = ("input_ids", "response_start", "loss_mask", "rollout_log_probs", "advantages", "has_rollout")
+
+
+def validate_samples(samples: Sequence[Sample]) -> None:
+    for s in samples:
+        s.validate()
+        if s.response_length < 1 or s.prompt_length < 1:
+            raise ValueError(f"sample {s.session_id or s.index}: needs >= 1 prompt token and >= 1 response token")
+
+
+def pack_micro_batches(
+    samples: Sequence[Sample], max_tokens: int, advantages: Tensor | None = None
+) -> list[MicroBatch]:
+    """Greedy packing, longest first; a sample longer than `max_tokens` gets a micro-batch alone."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens), reverse=True)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * len(samples[groups[-1][0]].tokens) <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    adv = advantages if advantages is not None else torch.zeros(len(samples))
+    return [_collate([samples[i] for i in g], g, adv[g]) for g in groups]
+
+
+def _collate(samples: list[Sample], indices: list[int], advantages: Tensor) -> MicroBatch:
+    b = len(samples)
+    seq_len = max(len(s.tokens) for s in samples)
+    resp_len = max(s.response_length for s in samples)
+    input_ids = torch.zeros(b, seq_len, dtype=torch.long)
+    mask = torch.zeros(b, resp_len)
+    rollout = torch.zeros(b, resp_len)
+    for row, s in enumerate(samples):
+        input_ids[row, : len(s.tokens)] = torch.tensor(s.tokens)
+        r = s.response_length
+        mask[row, :r] = torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * r, dtype=torch.float32)
+        if s.rollout_log_probs is not None:
+            rollout[row, :r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+    starts = torch.tensor([s.prompt_length - 1 for s in samples])
+    return MicroBatch(
+        indices=indices,
+        input_ids=input_ids,
+        response_start=starts,
+        loss_mask=mask,
+        rollout_log_probs=rollout,
+        advantages=advantages.float().unsqueeze(-1).expand(b, resp_len).clone(),
+        has_rollout=torch.tensor([s.rollout_log_probs is not None for s in samples]),
+    )
+
+
+def response_values(per_position: Tensor, mb: MicroBatch) -> Tensor:
+    """Pick [b, R] response entries out of a [b, L-1] per-position tensor (clamped past the end)."""
+    resp_len = mb.loss_mask.shape[1]
+    idx = mb.response_start.unsqueeze(-1) + torch.arange(resp_len, device=per_position.device)
+    return per_position.gather(1, idx.clamp(max=per_position.shape[1] - 1))
+
+
+def split_global_batches(samples: Sequence[Sample], global_batch_size: int | None) -> list[list[int]]:
+    """Indices of the samples of each optimizer step."""
+    n = len(samples)
+    size = global_batch_size or n
+    if n % size:
+        raise ValueError(f"{n} samples is not a multiple of global_batch_size={size}")
+    return [list(range(k, k + size)) for k in range(0, n, size)]

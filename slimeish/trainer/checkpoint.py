@@ -1,0 +1,50 @@
+"""Resumable trainer checkpoints: model, optimizer, step, weight version and the data position.
+
+A checkpoint is a directory written under a temporary name and renamed into place, so a crash
+mid-save never leaves a half-written checkpoint that `load` would accept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass(kw_only=True)
+class TrainerState:
+    step: int = 0  # optimizer steps taken
+    weight_version: int = 0  # version of the weights the engines should serve
+    data_state: dict[str, Any] = field(default_factory=dict)  # the train loop's data position
+
+
+def save_checkpoint(
+    out_dir: Path, *, model: torch.nn.Module, optimizer: Any, state: TrainerState, rank: int = 0
+) -> Path:
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(model.state_dict(), tmp / f"model_rank{rank:03d}.pt")
+    torch.save(optimizer.state_dict(), tmp / f"optimizer_rank{rank:03d}.pt")
+    (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def load_checkpoint(ckpt_dir: Path, *, model: torch.nn.Module, optimizer: Any, rank: int = 0) -> TrainerState:
+    ckpt_dir = Path(ckpt_dir)
+    if not (ckpt_dir / STATE_FILE).exists():
+        raise ValueError(f"{ckpt_dir} is not a trainer checkpoint (no {STATE_FILE})")
+    model.load_state_dict(torch.load(ckpt_dir / f"model_rank{rank:03d}.pt", weights_only=False))
+    optimizer.load_state_dict(torch.load(ckpt_dir / f"optimizer_rank{rank:03d}.pt", weights_only=False))
+    return TrainerState(**json.loads((ckpt_dir / STATE_FILE).read_text()))

@@ -1,0 +1,255 @@
+"""The Megatron trainer: one policy-gradient optimizer step per global batch of samples.
+
+`Trainer` owns the policy (a Megatron GPTModel), an optional frozen reference model for the KL
+penalty, the optimizer and the counters that make a run resumable (step, weight version, data
+position). Everything it trains on is a `Sample`; everything it hands to engines is HF-named.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from slimeish.trainer import checkpoint, hf_io
+from slimeish.trainer import losses as L
+from slimeish.trainer.advantages import group_normalized_advantages, sample_group_ids, sample_rewards
+from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
+from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.trainer.distributed import data_parallel_rank_and_size, init_distributed
+from slimeish.trainer.forward import response_log_probs
+from slimeish.trainer.model import build_gpt_model, model_shape
+from slimeish.trainer.optimizer import (
+    build_cpu_optimizer,
+    build_gpu_optimizer,
+    lr_at,
+    set_lr,
+    wrap_gpu_model,
+)
+from slimeish.types import Sample
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig, loss: LossConfig | None = None):
+        from transformers import AutoConfig
+
+        self.config, self.loss = config, loss or LossConfig()
+        self.use_gpu = config.use_gpu()
+        if config.dtype == "bfloat16" and not self.use_gpu:
+            raise ValueError("dtype=bfloat16 needs device=cuda")
+        init_distributed(use_gpu=self.use_gpu, tensor_parallel=config.tensor_parallel, seed=config.seed)
+        self.hf_config = AutoConfig.from_pretrained(config.model_path)
+        self.shape = model_shape(self.hf_config, config.tensor_parallel)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.use_gpu else torch.device("cpu")
+        hf_weights = hf_io.read_hf_weights(config.model_path)
+        self.model = self._build(hf_weights)
+        self.reference = self._build(hf_weights).requires_grad_(False).eval() if self.loss.kl_coef > 0 else None
+        if self.use_gpu:
+            self.model = wrap_gpu_model(self.model)
+            self.optimizer = build_gpu_optimizer(self.model, config)
+        else:
+            self.optimizer = build_cpu_optimizer(self.model, config)
+        self.state = checkpoint.TrainerState()
+
+    def _build(self, hf_weights: dict[str, Tensor]) -> torch.nn.Module:
+        dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
+        model = build_gpt_model(
+            self.hf_config, params_dtype=dtype, use_gpu=self.use_gpu, tensor_parallel=self.config.tensor_parallel
+        )
+        hf_io.load_hf_into(model, hf_weights, self.shape)
+        return model
+
+    @property
+    def weight_version(self) -> int:
+        return self.state.weight_version
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def _policy(self) -> torch.nn.Module:
+        return self.model.module if self.use_gpu else self.model  # the GPTModel under Megatron's DDP
+
+    # ---- inference -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_log_probs(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """The policy's log-prob of every response token of each sample (length response_length)."""
+        validate_samples(samples)
+        out: list[list[float]] = [[] for _ in samples]
+        self.model.eval()
+        for mb in pack_micro_batches(samples, self.config.micro_batch_tokens):
+            log_p, _ = response_log_probs(self.model, mb.to(self.device), self.shape.vocab_size)
+            for row, i in enumerate(mb.indices):
+                out[i] = log_p[row, : samples[i].response_length].tolist()
+        return out
+
+    # ---- training --------------------------------------------------------------------------
+
+    def advantages(self, samples: Sequence[Sample]) -> Tensor:
+        return group_normalized_advantages(
+            sample_rewards(samples),
+            sample_group_ids(samples),
+            normalize_std=self.loss.advantage_estimator == "grpo",
+        )
+
+    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Advantages over the whole batch, then one optimizer step per `global_batch_size` samples.
+
+        Bumps `weight_version` once (the engines need one update per call). Returns the metrics
+        of the last optimizer step (token-weighted means over its micro-batches).
+        """
+        validate_samples(samples)
+        self._check_rollout_log_probs(samples)
+        advantages = self.advantages(samples)
+        steps = split_global_batches(samples, self.config.global_batch_size)
+        # pi_old must be the weights that existed before this call; with one step it equals the
+        # detached current log-probs, so the extra forward pass is only paid for several steps.
+        old = self.compute_log_probs(samples) if len(steps) > 1 and self.loss.old_log_probs == "trainer" else None
+        metrics: dict[str, float] = {}
+        for idx in steps:
+            metrics = self._optimizer_step([samples[i] for i in idx], advantages[idx], old and [old[i] for i in idx])
+        self.state.weight_version += 1
+        metrics["weight_version"] = float(self.state.weight_version)
+        return metrics
+
+    def _check_rollout_log_probs(self, samples: Sequence[Sample]) -> None:
+        needs = self.loss.old_log_probs == "rollout" or self.loss.tis
+        if needs and any(s.rollout_log_probs is None for s in samples):
+            raise ValueError("old_log_probs='rollout' and tis need rollout_log_probs on every sample")
+
+    def _optimizer_step(
+        self, samples: list[Sample], advantages: Tensor, old: list[list[float]] | None
+    ) -> dict[str, float]:
+        rank, world = data_parallel_rank_and_size()
+        mine = list(range(rank, len(samples), world))
+        local = [samples[i] for i in mine]
+        normalizer = self._loss_normalizer(local)
+        self.model.train()
+        self._zero_grad()
+        sums: dict[str, float] = defaultdict(float)
+        for mb in pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine]):
+            old_mb = None if old is None else _rows(mb, [old[i] for i in mine])
+            self._micro_batch(mb.to(self.device), old_mb, normalizer, sums)
+        grad_norm = self._apply_gradients()
+        tokens = max(sums.pop("tokens"), 1.0)
+        metrics = {k: v / tokens for k, v in sums.items() if not k.startswith("_")}
+        metrics.update(loss=sums["_loss"], grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], tokens=tokens)
+        if sums.get("_is_tokens"):
+            metrics["rollout_kl"] = sums["_rollout_kl"] / sums["_is_tokens"]
+            metrics["is_weight_mean"] = sums["_is_weight"] / sums["_is_tokens"]
+            metrics["is_weight_max"] = sums["_is_weight_max"]
+            metrics["rollout_logprob_abs_diff_max"] = sums["_abs_diff_max"]
+        self.state.step += 1
+        return metrics
+
+    def _loss_normalizer(self, local: list[Sample]) -> float:
+        """Tokens (token aggregation) or sequences (sequence aggregation) in the global batch."""
+        if self.loss.loss_aggregation == "token":
+            count = sum(sum(s.loss_mask) if s.loss_mask is not None else s.response_length for s in local)
+        else:
+            count = len(local)
+        total = torch.tensor(float(count), device=self.device)
+        if torch.distributed.get_world_size() > 1:
+            from megatron.core import parallel_state
+
+            torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        return max(total.item(), 1.0)
+
+    def _micro_batch(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
+        cfg, mask = self.loss, mb.loss_mask
+        log_p, entropy = response_log_probs(self.model, mb, self.shape.vocab_size)
+        trainer_old = log_p.detach() if old_mb is None else old_mb.to(self.device)
+        old = mb.rollout_log_probs if cfg.old_log_probs == "rollout" else trainer_old
+        per_token, stats = L.policy_loss(cfg, log_p, old, mb.advantages, mask)
+        if cfg.tis:
+            per_token = per_token * L.truncated_is_weights(
+                trainer_old, mb.rollout_log_probs, cfg.tis_clip_low, cfg.tis_clip_high
+            )
+        stats["pg_loss"] = L.masked_mean(per_token, mask).detach()
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_log_p, _ = response_log_probs(self.reference, mb, self.shape.vocab_size)
+            kl = L.kl_penalty(log_p, ref_log_p, cfg.kl_estimator)
+            per_token = per_token + cfg.kl_coef * kl
+            stats["ref_kl"] = L.masked_mean(kl, mask).detach()
+        if cfg.entropy_coef:
+            per_token = per_token - cfg.entropy_coef * entropy
+        loss = L.aggregate(per_token, mask, cfg.loss_aggregation, normalizer)
+        loss.backward()
+        n = mask.sum().item()
+        stats["entropy"] = L.masked_mean(entropy.detach(), mask)
+        for k, v in stats.items():
+            sums[k] += v.item() * n
+        sums["_loss"] += loss.item()  # this rank's share of the global batch loss
+        sums["tokens"] += n
+        self._rollout_stats(trainer_old, mb, sums)
+
+    @staticmethod
+    def _rollout_stats(trainer_log_p: Tensor, mb: MicroBatch, sums: dict) -> None:
+        """Trainer-vs-engine agreement on tokens the engine reported log-probs for."""
+        mask = mb.loss_mask * mb.has_rollout.unsqueeze(-1).float()
+        if not mask.any():
+            return
+        diff = (mb.rollout_log_probs - trainer_log_p) * mask
+        weight = (trainer_log_p - mb.rollout_log_probs).exp() * mask
+        sums["_is_tokens"] += mask.sum().item()
+        sums["_rollout_kl"] += diff.sum().item()  # k1 estimate of KL(rollout || trainer)
+        sums["_is_weight"] += weight.sum().item()
+        sums["_is_weight_max"] = max(sums["_is_weight_max"], weight.max().item())
+        sums["_abs_diff_max"] = max(sums["_abs_diff_max"], diff.abs().max().item())
+
+    def _zero_grad(self) -> None:
+        if self.use_gpu:
+            self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def _apply_gradients(self) -> float:
+        set_lr(self.optimizer, lr_at(self.state.step, self.config))
+        if self.use_gpu:
+            self.model.finish_grad_sync()  # all-reduce over data-parallel ranks
+            _, grad_norm, _ = self.optimizer.step()  # Megatron clips to config.clip_grad inside
+            return float(grad_norm or 0.0)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad or float("inf"))
+        self.optimizer.step()
+        return grad_norm.item()
+
+    # ---- weights and checkpoints -----------------------------------------------------------
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The current policy weights with Hugging Face names, on CPU (tied models: no lm_head)."""
+        return hf_io.gather_hf_state_dict(self._policy(), self.shape)
+
+    def export_hf(self, out_dir: str | Path) -> Path:
+        """A HF checkpoint directory that `from_pretrained` and SGLang load."""
+        return hf_io.write_hf_checkpoint(self.hf_state_dict(), Path(out_dir), self.config.model_path)
+
+    def save(self, out_dir: str | Path, data_state: dict[str, Any] | None = None) -> Path:
+        if data_state is not None:
+            self.state.data_state = data_state
+        return checkpoint.save_checkpoint(
+            Path(out_dir), model=self.model, optimizer=self.optimizer, state=self.state, rank=_global_rank()
+        )
+
+    def load(self, ckpt_dir: str | Path) -> dict[str, Any]:
+        """Restore model, optimizer and counters; returns the saved data position."""
+        self.state = checkpoint.load_checkpoint(
+            Path(ckpt_dir), model=self.model, optimizer=self.optimizer, rank=_global_rank()
+        )
+        return self.state.data_state
+
+
+def _rows(mb: MicroBatch, per_sample: list[list[float]]) -> Tensor:
+    out = torch.zeros_like(mb.loss_mask)
+    for row, i in enumerate(mb.indices):
+        out[row, : len(per_sample[i])] = torch.tensor(per_sample[i])
+    return out
+
+
+def _global_rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
