@@ -1,0 +1,27 @@
+"""Configuration of the embedded engine (`slimeish engine`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from slimeish.config import help_field
+
+
+@dataclass(kw_only=True)
+class EngineConfig:
+    model: str = help_field(help="Hugging Face checkpoint directory (Llama, Qwen2 or Qwen3 family)")
+    host: str = help_field("127.0.0.1", help="address to listen on")
+    port: int = help_field(30000, help="TCP port to listen on")
+    device: Literal["cpu", "cuda"] = help_field("cpu", help="where the model and KV cache live")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = help_field(
+        "auto", help="parameter/KV dtype; auto keeps the checkpoint's dtype (float32 on CPU if it is half)"
+    )
+    max_running_requests: int = help_field(64, help="KV cache slots: sequences decoded together in one step")
+    context_length: int | None = help_field(
+        None, help="max prompt + output tokens per sequence (default: the model's, capped at 4096)"
+    )
+    max_prefill_tokens: int = help_field(8192, help="prompt tokens admitted (prefilled) in one step at most")
+    served_model_name: str | None = help_field(None, help="model id reported by /v1/models (default: --model)")
+    weight_version: str = help_field("0", help="initial weight version reported in meta_info.weight_version")
+    log_level: str = help_field("warning", help="uvicorn log level")

@@ -1,0 +1,130 @@
+"""The model runner: a Hugging Face causal LM plus a slot-based KV cache, one batched forward per step.
+
+The model's own modules run the forward (embedding, decoder layers, rotary, norm, head), so any
+Llama / Qwen2 / Qwen3 checkpoint works unchanged. Two things are ours:
+
+* `SlotKVCache` replaces HF's cache. It is preallocated as `[rows, kv_heads, context, head_dim]`
+  per layer; sequence `i` of the running batch lives in row `i`. Rows are kept compact (a finished
+  sequence's row is filled by moving the last one in), so a decode step reads the contiguous view
+  `[:batch, :, :longest]` without gathering, and appending a token is one indexed write.
+* The attention mask is built here, once per step, and handed to every layer: a key position is
+  visible to a query iff it is at or before the query's own position. Padding in a batched prefill
+  therefore writes KV entries beyond a prompt's end that nothing reads before decode overwrites them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+_SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
+
+
+class SlotKVCache:
+    """Per-layer K/V buffers indexed by batch row; duck-types the `update` of a transformers Cache."""
+
+    def __init__(self, n_layers: int, rows: int, kv_heads: int, context: int, head_dim: int, dtype, device):
+        shape = (rows, kv_heads, context, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self._rows = torch.arange(rows, device=device)
+        self._set_step(0, torch.zeros(0, 1, dtype=torch.long, device=device), 0)
+
+    def _set_step(self, first_row: int, positions: torch.Tensor, kv_len: int) -> None:
+        self.first_row, self.positions, self.kv_len = first_row, positions, kv_len
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write this step's K/V (`[n, kv_heads, t, head_dim]`) and return everything visible."""
+        n = key.shape[0]
+        rows = self._rows[self.first_row : self.first_row + n, None]
+        self.keys[layer_idx][rows, :, self.positions] = key.transpose(1, 2)
+        self.values[layer_idx][rows, :, self.positions] = value.transpose(1, 2)
+        span = slice(self.first_row, self.first_row + n)
+        return self.keys[layer_idx][span, :, : self.kv_len], self.values[layer_idx][span, :, : self.kv_len]
+
+    def move_row(self, src: int, dst: int) -> None:
+        for buf in (*self.keys, *self.values):
+            buf[dst] = buf[src]
+
+
+class ModelRunner:
+    """Loads a checkpoint and runs batched prefill/decode forwards against a `SlotKVCache`."""
+
+    def __init__(self, model_path: str, *, device: str, dtype: str, rows: int, context_length: int | None):
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = _load_model(model_path, self.device, dtype)
+        cfg = self.model.config
+        if cfg.model_type not in _SUPPORTED_TYPES:
+            raise ValueError(f"model_type {cfg.model_type!r} is not supported; expected one of {_SUPPORTED_TYPES}")
+        self.vocab_size = int(cfg.vocab_size)
+        self.context_length = min(context_length or min(cfg.max_position_embeddings, 4096), cfg.max_position_embeddings)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.cache = SlotKVCache(
+            cfg.num_hidden_layers, rows, cfg.num_key_value_heads, self.context_length, head_dim,
+            self.model.dtype, self.device,
+        )  # fmt: skip
+        self._layer_types = sorted(set(getattr(cfg, "layer_types", None) or ["full_attention"]))
+        self._arange = torch.arange(self.context_length, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[list[int]], first_row: int, starts: list[int]) -> torch.Tensor:
+        """Run `tokens[i]` (continuing at position `starts[i]`) in row `first_row + i`.
+
+        Returns the logits (float32) at each sequence's last given token, shape `[n, vocab]`.
+        """
+        n, width = len(tokens), max(map(len, tokens))
+        ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=self.device)
+        start = torch.tensor(starts, device=self.device)[:, None]
+        positions = start + self._arange[:width]
+        kv_len = max(starts) + width
+        visible = self._arange[None, None, :kv_len] <= positions[:, :, None]
+        self.cache._set_step(first_row, positions, kv_len)
+        hidden = self.model.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=dict.fromkeys(self._layer_types, visible[:, None]),
+            past_key_values=self.cache,
+            use_cache=True,
+        ).last_hidden_state
+        last = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
+        return self.model.lm_head(hidden[torch.arange(n, device=self.device), last]).float()
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.cache.move_row(src, dst)
+
+    @torch.inference_mode()
+    def load_state_dict_file(self, path: str | Path) -> int:
+        """Copy tensors with HF parameter names from a safetensors file into the model; returns the count."""
+        return self._copy_in(load_file(str(path), device="cpu"))
+
+    @torch.inference_mode()
+    def load_checkpoint_dir(self, model_path: str | Path) -> int:
+        """Copy every `*.safetensors` shard of an HF checkpoint directory into the model."""
+        shards = sorted(Path(model_path).glob("*.safetensors"))
+        if not shards:
+            raise ValueError(f"no *.safetensors files in {model_path}")
+        return sum(self.load_state_dict_file(p) for p in shards)
+
+    def _copy_in(self, tensors: dict[str, torch.Tensor]) -> int:
+        params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
+        unknown = sorted(set(tensors) - set(params))
+        if unknown:
+            raise ValueError(f"unknown parameter names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+        for name, tensor in tensors.items():
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(params[name].shape)}")
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+        return len(tensors)
+
+
+def _load_model(model_path: str, device: torch.device, dtype: str):
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation="sdpa")
+    if dtype == "auto" and device.type == "cpu" and model.dtype in (torch.float16, torch.bfloat16):
+        model = model.float()  # half-precision matmuls on CPU are slow and less exact
+    return model.to(device).eval().requires_grad_(False)

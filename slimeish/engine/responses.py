@@ -1,0 +1,37 @@
+"""Render sequences as SGLang `/generate` responses and stream chunks."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slimeish.engine.scheduler import Scheduler, Sequence
+
+
+def render(seq: Sequence, sched: Scheduler, *, index: int | None, since: int = 0, text: str | None = None) -> dict:
+    """One response object. A stream chunk passes `since` (tokens already sent): its `output_ids` and
+    `output_token_logprobs` hold only the new tokens while `text` is the whole text so far, as in SGLang."""
+    ids = seq.output_ids[since:]
+    spans = seq.weight_spans
+    meta: dict[str, Any] = {
+        "id": seq.req.rid,
+        "finish_reason": seq.finish_reason,
+        "prompt_tokens": len(seq.req.input_ids),
+        "completion_tokens": len(seq.output_ids),
+        "cached_tokens": 0,
+        "weight_version": spans[-1][0] if spans else sched.weight_version,
+        "weight_versions": [{"version": v, "start": a, "end": b} for v, a, b in spans],
+        "e2e_latency": time.monotonic() - seq.started_at,
+    }
+    if seq.req.return_logprob:
+        texts = [_token_text(sched, t) for t in ids] if seq.req.return_text_in_logprobs else [None] * len(ids)
+        meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(seq.logprobs[since:], ids, texts, strict=True)]
+    out = {"text": seq.text if text is None else text, "output_ids": ids, "meta_info": meta}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+def _token_text(sched: Scheduler, token: int) -> str:
+    return sched.runner.tokenizer.decode([token])

@@ -1,0 +1,279 @@
+"""`slimeish engine`: serve a Hugging Face causal LM over SGLang's native HTTP API.
+
+A small, exact CPU/GPU inference server with continuous batching, so slimeish runs end to end
+without SGLang (which needs CUDA). The router talks to it exactly as it talks to SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from slimeish.config import add_dataclass_args, from_namespace
+from slimeish.engine.config import EngineConfig
+from slimeish.engine.model_runner import ModelRunner
+from slimeish.engine.protocol import Limits, RequestError, SequenceRequest, parse_generate, parse_sampling_params
+from slimeish.engine.responses import render
+from slimeish.engine.scheduler import Scheduler, Sequence
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _error(message: str, status: int = 400) -> Response:
+    return _json({"error": {"message": message, "code": status}}, status)
+
+
+async def _body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body() or b"{}")
+    except json.JSONDecodeError as e:
+        raise RequestError(f"request body is not valid JSON: {e}") from None
+
+
+class Engine:
+    """The runner, the scheduler and the facts the admin endpoints report."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        self.runner = ModelRunner(
+            cfg.model, device=cfg.device, dtype=cfg.dtype, rows=cfg.max_running_requests,
+            context_length=cfg.context_length,
+        )  # fmt: skip
+        self.scheduler = Scheduler(
+            self.runner, max_rows=cfg.max_running_requests, max_prefill_tokens=cfg.max_prefill_tokens,
+            weight_version=cfg.weight_version,
+        )  # fmt: skip
+        self.limits = Limits(self.runner.vocab_size, self.runner.context_length)
+        self.model_name = cfg.served_model_name or cfg.model
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.runner.tokenizer.encode(text, add_special_tokens=False)
+
+    def set_weight_version(self, requested: Any) -> str:
+        """A weight update sets the version it was given, or bumps the integer version by one."""
+        current = self.scheduler.weight_version
+        version = str(requested) if requested is not None else str(int(current) + 1 if current.isdigit() else 1)
+        self.scheduler.weight_version = version
+        return version
+
+
+def create_app(cfg: EngineConfig) -> FastAPI:
+    engine = Engine(cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop_task = asyncio.create_task(engine.scheduler.run())
+        yield
+        loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop_task
+
+    app = FastAPI(title="slimeish engine", lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.exception_handler(RequestError)
+    async def _bad_request(request: Request, exc: RequestError) -> Response:
+        return _error(str(exc))
+
+    _add_generate_routes(app, engine)
+    _add_info_routes(app, engine)
+    _add_control_routes(app, engine)
+    return app
+
+
+def _add_generate_routes(app: FastAPI, engine: Engine) -> None:
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        seqs, is_batch, stream = parse_generate(await _body(request), engine.tokenize, engine.limits)
+        if stream:
+            return StreamingResponse(_stream(engine.scheduler, seqs, is_batch), media_type="text/event-stream")
+        done = await _run_to_end(engine.scheduler, seqs)
+        out = [render(s, engine.scheduler, index=s.req.index if is_batch else None) for s in done]
+        return _json(out if is_batch else out[0])
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        if not engine.scheduler.paused:  # a paused engine holds requests on purpose; it is still alive
+            params = parse_sampling_params({"max_new_tokens": 1, "temperature": 0})
+            req = SequenceRequest("health", 0, [0], params, None, False, False, 1)
+            await asyncio.wait_for(_run_to_end(engine.scheduler, [req]), timeout=60)
+        return Response(status_code=200)
+
+
+async def _run_to_end(sched: Scheduler, reqs: list[SequenceRequest]) -> list[Sequence]:
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in reqs]
+
+    def notifier(fut: asyncio.Future):
+        return lambda seq: seq.finished and not fut.done() and fut.set_result(seq)
+
+    seqs = [sched.submit(r, notifier(f)) for r, f in zip(reqs, futures, strict=True)]
+    try:
+        return list(await asyncio.gather(*futures))
+    except asyncio.CancelledError:  # the client went away: free the slots
+        sched.abort_sequences([s for s in seqs if not s.finished], "client disconnected")
+        raise
+
+
+async def _stream(sched: Scheduler, reqs: list[SequenceRequest], is_batch: bool) -> AsyncIterator[bytes]:
+    """SSE in SGLang's format: `data: {chunk}` per new token, then `data: [DONE]`."""
+    queue: asyncio.Queue[Sequence] = asyncio.Queue()
+    seqs = [sched.submit(r, queue.put_nowait) for r in reqs]
+    sent, done = [0] * len(seqs), set()
+    try:
+        while len(done) < len(seqs):
+            seq = await queue.get()
+            i = seq.req.index
+            if i in done or (len(seq.output_ids) == sent[i] and not seq.finished):
+                continue
+            text = seq.text if seq.finished else sched.decode(seq)
+            chunk = render(seq, sched, index=i if is_batch else None, since=sent[i], text=text)
+            sent[i] = len(seq.output_ids)
+            if seq.finished:
+                done.add(i)
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        sched.abort_sequences([s for s in seqs if not s.finished], "client disconnected")
+
+
+def _add_info_routes(app: FastAPI, engine: Engine) -> None:
+    cfg = engine.cfg
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info() -> Response:
+        return _json(
+            {
+                "model_path": cfg.model,
+                "served_model_name": engine.model_name,
+                "tokenizer_path": cfg.model,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": engine.scheduler.weight_version,
+                "load_format": "auto",
+            }
+        )
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> Response:
+        sched = engine.scheduler
+        return _json(
+            {
+                "model_path": cfg.model,
+                "served_model_name": engine.model_name,
+                "tokenizer_path": cfg.model,
+                "max_context_length": engine.runner.context_length,
+                "version": "slimeish-engine",
+                "host": cfg.host,
+                "port": cfg.port,
+                "device": cfg.device,
+                "max_running_requests": cfg.max_running_requests,
+                "max_prefill_tokens": cfg.max_prefill_tokens,
+                "weight_version": sched.weight_version,
+                "internal_states": [
+                    {"paused": sched.paused, "num_running": len(sched.running), "num_waiting": len(sched.waiting)}
+                ],
+            }
+        )
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        card = {"id": engine.model_name, "object": "model", "created": int(time.time()), "owned_by": "slimeish"}
+        card |= {"root": cfg.model, "max_model_len": engine.runner.context_length}
+        return _json({"object": "list", "data": [card]})
+
+
+def _add_control_routes(app: FastAPI, engine: Engine) -> None:
+    sched = engine.scheduler
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        # There is no prefix cache to drop: KV rows belong to running sequences and are freed as they finish.
+        return Response("Cache flushed.", status_code=200)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        body = await _body(request)
+        if not isinstance(body, dict) or not (body.get("abort_all") or isinstance(body.get("rid"), str)):
+            raise RequestError('give {"rid": "<request id>"} or {"abort_all": true}')
+        n = sched.abort(None if body.get("abort_all") else body["rid"])
+        return _json({"success": True, "num_aborted": n})
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> Response:
+        mode = (await _body(request) or {}).get("mode", "in_place")
+        if mode not in ("in_place", "abort"):
+            raise RequestError(f"mode must be 'in_place' or 'abort', got {mode!r}")
+        if mode == "abort":
+            sched.abort(None, "aborted by /pause_generation")
+        sched.pause()
+        return _json({"success": True, "message": f"generation paused ({mode})"})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> Response:
+        sched.resume()
+        return _json({"success": True, "message": "generation continued"})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Response:
+        body = await _body(request)
+        path = body.get("model_path") if isinstance(body, dict) else None
+        if not isinstance(path, str) or not Path(path).is_dir():
+            raise RequestError(f"model_path must be an existing checkpoint directory, got {path!r}")
+        return _update(engine, lambda: engine.runner.load_checkpoint_dir(path), body)
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request) -> Response:
+        body = await _body(request)
+        paths = _safetensors_paths(body)
+        return _update(engine, lambda: sum(engine.runner.load_state_dict_file(p) for p in paths), body)
+
+
+def _safetensors_paths(body: Any) -> list[str]:
+    """The same-host fast path: the trainer writes safetensors files (HF names) and sends their paths."""
+    if not isinstance(body, dict) or body.get("load_format") != "safetensors_path":
+        raise RequestError(
+            'the embedded engine accepts only load_format "safetensors_path": '
+            "serialized_named_tensors is a list of paths to safetensors files with Hugging Face parameter names"
+        )
+    paths = body.get("serialized_named_tensors")
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and Path(p).is_file() for p in paths):
+        raise RequestError(f"serialized_named_tensors must list existing safetensors files, got {paths!r}")
+    return paths
+
+
+def _update(engine: Engine, load, body: dict) -> Response:
+    try:
+        count = load()
+    except (ValueError, OSError) as e:
+        return _json({"success": False, "message": f"weight update failed: {e}"}, 400)
+    version = engine.set_weight_version(body.get("weight_version"))
+    return _json({"success": True, "message": f"updated {count} tensors", "weight_version": version})
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="slimeish engine", description=__doc__.split("\n\n")[0])
+    add_dataclass_args(parser, EngineConfig, "engine")
+    cfg = from_namespace(EngineConfig, parser.parse_args(argv))
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
