@@ -60,7 +60,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, title: str | 
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
         elif typing.get_origin(tp) is list:
             (item,) = typing.get_args(tp)
-            group.add_argument(_flag(f.name), type=item, nargs="*", **kwargs)
+            group.add_argument(_flag(f.name), type=item, nargs="+", action="extend", **kwargs)
         elif typing.get_origin(tp) is typing.Literal:
             choices = typing.get_args(tp)
             group.add_argument(_flag(f.name), type=type(choices[0]), choices=choices, **kwargs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ class DataConfig:
     label_key: str | None = help_field("label", help="JSONL key holding the label given to the reward function")
     metadata_key: str | None = help_field(None, help="JSONL key whose dict is copied into Sample.metadata")
     shuffle: bool = help_field(True, help="shuffle the prompts at every epoch")
-    seed: int = help_field(1234, help="seed for shuffling")
+    shuffle_seed: int = help_field(1234, help="seed for shuffling the prompts")
 
 
 def read_prompts(path: Path, cfg: DataConfig) -> list[Sample]:
@@ -61,6 +62,7 @@ class DataSource:
         self.next_group_index = 0
         self._order = self._epoch_order()
         self._returned: list[Sample] = []
+        self._lock = threading.Lock()  # async mode runs several rollout batches in threads
 
     def _epoch_order(self) -> list[int]:
         order = list(range(len(self.prompts)))
@@ -79,13 +81,14 @@ class DataSource:
         return prompt
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
-        groups = []
-        for _ in range(num_groups):
-            prompt = self._next_prompt()
-            group_index = self.next_group_index
-            self.next_group_index += 1
-            groups.append([self._copy(prompt, group_index, i) for i in range(self.n_samples_per_prompt)])
-        return groups
+        with self._lock:
+            return [self._next_group() for _ in range(num_groups)]
+
+    def _next_group(self) -> list[Sample]:
+        prompt = self._next_prompt()
+        group_index = self.next_group_index
+        self.next_group_index += 1
+        return [self._copy(prompt, group_index, i) for i in range(self.n_samples_per_prompt)]
 
     @staticmethod
     def _copy(prompt: Sample, group_index: int, index: int) -> Sample:
@@ -99,10 +102,14 @@ class DataSource:
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
         """Give prompts back (one per group) to be served again before new ones."""
-        self._returned += [Sample(prompt=g[0].prompt, label=g[0].label, metadata=g[0].metadata) for g in groups if g]
+        with self._lock:
+            self._returned += [
+                Sample(prompt=g[0].prompt, label=g[0].label, metadata=g[0].metadata) for g in groups if g
+            ]
 
     def give_back_prompt(self, prompt: Any, label: Any = None, metadata: dict[str, Any] | None = None) -> None:
-        self._returned.append(Sample(prompt=prompt, label=label, metadata=dict(metadata or {})))
+        with self._lock:
+            self._returned.append(Sample(prompt=prompt, label=label, metadata=dict(metadata or {})))
 
     def state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "offset": self.offset, "next_group_index": self.next_group_index}

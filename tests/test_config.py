@@ -48,3 +48,7 @@ def test_help_text_shows_defaults():
     add_dataclass_args(parser, Demo)
     text = parser.format_help()
     assert "--steps STEPS" in text and "how many (default: 3)" in text and "required name (required)" in text
+
+
+def test_list_flags_repeat_and_accumulate():
+    assert _parse(["--name", "x", "--urls", "a", "--urls", "b", "c"]).urls == ["a", "b", "c"]

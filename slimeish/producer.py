@@ -1,0 +1,134 @@
+"""Rollout production: call the rollout function, land its groups in the buffer, feed regenerations.
+
+The rollout function is slime's synchronous `generate_rollout(args, rollout_id, data_source)`; it
+runs in a worker thread so the trainer's event loop stays free. Groups it captured through router
+sessions are already in the buffer. Samples it produced some other way (a slime plugin calling an
+engine directly) are written to the buffer here, one session per sample, so the trainer always
+reads whole groups from one place. In async mode, `start()` keeps up to `ahead` rollout batches in
+flight while the trainer trains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from buffer.client import Buffer
+from buffer.records import SessionInfo, Turn
+from slimeish.data import DataSource
+from slimeish.rollout import RolloutFnTrainOutput
+from slimeish.types import Sample
+
+log = logging.getLogger("slimeish.producer")
+
+
+def sample_to_turns(session_id: str, sample: Sample) -> list[Turn]:
+    """Exact turns of an uncaptured sample: each run of mask-1 tokens is one turn's output."""
+    sample.validate()
+    mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
+    logprobs = sample.rollout_log_probs
+    if logprobs is None:
+        raise ValueError(f"sample {sample.group_index}/{sample.index} has no rollout_log_probs to train on")
+    turns: list[Turn] = []
+    prompt = list(sample.tokens[: sample.prompt_length])
+    response = sample.tokens[sample.prompt_length :]
+    i = 0
+    while i < len(response):
+        j = i
+        while j < len(response) and mask[j] == 0:
+            j += 1
+        k = j
+        while k < len(response) and mask[k] == 1:
+            k += 1
+        prompt += response[i:j]
+        if k > j:
+            turns.append(
+                Turn(
+                    session_id,
+                    len(turns),
+                    0,
+                    None,
+                    prompt,
+                    list(response[j:k]),
+                    list(logprobs[j:k]),
+                    sample.weight_versions or [0],
+                )
+            )
+            prompt = []
+        i = k
+    return turns
+
+
+async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], run_tag: str) -> int:
+    """Write samples that did not go through a router session into the buffer, group by group."""
+    stored = 0
+    for group in groups:
+        if not group or all(s.session_id for s in group):
+            continue
+        group_id = f"{run_tag}-g{group[0].group_index}"
+        for sample in group:
+            session_id = f"direct-{uuid.uuid4().hex}"
+            info = SessionInfo(session_id, group_id, sample.index or 0, len(group), {"prompt": sample.prompt})
+            await buffer.open_session(info)
+            for turn in sample_to_turns(session_id, sample):
+                await buffer.append_turn(turn)
+            status = "failed" if sample.status == Sample.Status.FAILED else sample.status.value
+            reward = sample.reward if status != "failed" else None
+            await buffer.finish_session(session_id, reward, "completed" if status == "pending" else status)
+            stored += 1
+    return stored
+
+
+class RolloutProducer:
+    def __init__(self, rollout_fn: Callable[..., Any], args: Any, data: DataSource, buffer: Buffer):
+        self.rollout_fn = rollout_fn
+        self.args = args
+        self.data = data
+        self.buffer = buffer
+        self.rollout_id = 0
+        self.metrics: dict[str, float] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._slots: asyncio.Semaphore | None = None
+
+    async def run_once(self) -> dict[str, float]:
+        """One rollout batch: regenerated prompts first, then new ones; returns its metrics."""
+        for request in await self.buffer.pop_regenerate(self.args.rollout_batch_size):
+            meta = request.metadata
+            self.data.give_back_prompt(meta.get("prompt"), meta.get("label"))
+        rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
+        out = await asyncio.to_thread(self.rollout_fn, self.args, rollout_id, self.data)
+        if not isinstance(out, RolloutFnTrainOutput):
+            raise TypeError(f"the rollout function returned {type(out).__name__}, expected RolloutFnTrainOutput")
+        await store_uncaptured(self.buffer, out.samples, f"r{rollout_id}")
+        self.metrics = {f"rollout/{k}": v for k, v in out.metrics.items()}
+        return self.metrics
+
+    def start(self, ahead: int) -> None:
+        """Async mode: keep `ahead` rollout batches running; `release()` after each trained batch."""
+        self._slots = asyncio.Semaphore(ahead)
+        self._tasks = [asyncio.create_task(self._loop())]
+
+    async def _loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            self._tasks.append(asyncio.create_task(self._guarded()))
+
+    async def _guarded(self) -> None:
+        try:
+            await self.run_once()
+        except Exception:
+            log.exception("rollout batch failed")
+            self.release()
+
+    def release(self) -> None:
+        """A rollout batch was consumed by the trainer: allow the next one to start."""
+        if self._slots is not None:
+            self._slots.release()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

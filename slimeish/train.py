@@ -1,0 +1,257 @@
+"""`slimeish train`: start the parts, then generate → train → sync weights, in one loop.
+
+Sync mode runs the three phases in turn. Async mode keeps episodes running while the trainer
+trains: a producer task generates rollout batches ahead of the trainer (at most
+`max_staleness + 1` batches ahead), weights update in place (pause → flush → update → continue,
+no request aborted), and the buffer refuses groups older than `--max-staleness` versions, whose
+prompts come back through the regeneration queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tqdm import tqdm
+
+from buffer.client import Buffer
+from buffer.config import BufferConfig
+from buffer.records import Group
+from slimeish.config import add_dataclass_args, from_namespace, help_field, load_yaml
+from slimeish.data import DataConfig, DataSource, read_prompts
+from slimeish.launch import Stack, StackConfig
+from slimeish.producer import RolloutProducer
+from slimeish.rollout import RolloutConfig, load_rollout_function
+from slimeish.run_metrics import MetricsLogger
+from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.types import Sample
+
+log = logging.getLogger("slimeish.train")
+CONSUMER = "trainer"
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    run_dir: Path = help_field(Path("runs/latest"), help="directory for logs, checkpoints, metrics and the buffer")
+    run_id: str | None = help_field(None, help="buffer namespace of this run (default: the run dir's name)")
+    mode: Literal["sync", "async"] = help_field("sync", help="sync: generate, then train; async: both at once")
+    num_rollout: int = help_field(10, help="rollout steps (one training step each)")
+    eval_interval: int | None = help_field(None, help="evaluate on --eval-prompt-data every N steps (and first/last)")
+    save_interval: int | None = help_field(None, help="save a checkpoint every N steps (and at the end)")
+    load: Path | None = help_field(None, help="resume from this checkpoint directory (a run's checkpoints/latest)")
+    weight_sync: Literal["tensor", "disk"] = help_field(
+        "tensor", help="tensor: same-host shared-memory update; disk: export an HF checkpoint the engines load"
+    )
+
+
+CONFIGS = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "buffer": BufferConfig,
+    "stack": StackConfig,
+    "trainer": TrainerConfig,
+    "loss": LossConfig,
+}
+
+
+@dataclass
+class TrainSetup:
+    run: RunConfig
+    data: DataConfig
+    rollout: RolloutConfig
+    buffer: BufferConfig
+    stack: StackConfig
+    trainer: TrainerConfig
+    loss: LossConfig
+
+
+def parse_args(argv: list[str] | None) -> TrainSetup:
+    parser = argparse.ArgumentParser(prog="slimeish train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, help="YAML file with any of the options below (flags win)")
+    for name, cls in CONFIGS.items():
+        add_dataclass_args(parser, cls, name)
+    ns = parser.parse_args(argv)
+    base = load_yaml(ns.config) if ns.config else {}
+    unknown = set(base) - {f for cls in CONFIGS.values() for f in cls.__dataclass_fields__}
+    if unknown:
+        parser.error(f"{ns.config}: unknown option(s) {', '.join(sorted(unknown))}")
+    try:
+        return TrainSetup(**{name: from_namespace(cls, ns, base) for name, cls in CONFIGS.items()})
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+class PluginArgs(argparse.Namespace):
+    """The `args` rollout plugins receive: every config field under slime's names, read-only."""
+
+    def __init__(self, setup: TrainSetup, stack: Stack):
+        fields = {k: v for cfg in vars(setup).values() for k, v in vars(cfg).items()}
+        host, _, port = stack.router_url.removeprefix("http://").partition(":")
+        super().__init__(
+            **fields,
+            hf_checkpoint=str(setup.trainer.model_path),
+            router_url=stack.router_url,
+            admin_token=stack.admin_token,
+            sglang_router_ip=host,
+            sglang_router_port=int(port),
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup = parse_args(argv)
+    setup.run.run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = setup.run.run_id or setup.run.run_dir.resolve().name
+    (setup.run.run_dir / "config.json").write_text(json.dumps(_jsonable(setup), indent=2))
+    with Stack(setup.stack, model_path=setup.trainer.model_path, run_dir=setup.run.run_dir, run_id=run_id) as stack:
+        try:
+            asyncio.run(train(setup, stack, run_id))
+        except KeyboardInterrupt:
+            log.warning("interrupted: stopping every child process")
+
+
+async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
+    from slimeish.trainer.trainer import Trainer
+    from slimeish.trainer.weight_sync import WeightSync
+
+    run, n_groups = setup.run, setup.rollout.rollout_batch_size
+    args = PluginArgs(setup, stack)
+    rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
+    data = _train_source(setup)
+    eval_data = _eval_source(setup)
+    trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
+    start = await asyncio.to_thread(_resume, trainer, data, run.load)
+    sync = WeightSync(
+        stack.router_url, admin_token=stack.admin_token, method=run.weight_sync, export_dir=run.run_dir / "weights"
+    )
+    logger = MetricsLogger(run.run_dir)
+    unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
+    async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
+        producer = RolloutProducer(rollout_fn, args, data, buffer)
+        if run.mode == "async":
+            producer.start(ahead=(setup.buffer.max_staleness or 0) + 1)
+        progress = tqdm(range(start, run.num_rollout), initial=start, total=run.num_rollout, desc="rollout steps")
+        for step in progress:
+            metrics: dict[str, Any] = {}
+            if run.eval_interval and (step == start or step % run.eval_interval == 0):
+                metrics |= await evaluate(rollout_fn, args, eval_data, step)
+            with timed(metrics, "time/rollout"):
+                groups = await collect_groups(buffer, producer, n_groups, trainer.weight_version, run.mode)
+            samples = [s for g in groups for s in g.samples]
+            with timed(metrics, "time/train"):
+                metrics |= prefixed("train", await asyncio.to_thread(trainer.train_step, samples))
+            with timed(metrics, "time/sync"):
+                metrics |= prefixed("time/sync", await sync.sync(trainer))
+            metrics |= batch_metrics(samples, trainer.weight_version) | producer.metrics
+            unacked += [g.group_id for g in groups]
+            if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
+                await asyncio.to_thread(_save, trainer, data, run.run_dir / "checkpoints", step + 1)
+                await buffer.ack(unacked)  # a crash before this point re-delivers them
+                unacked = []
+            progress.write(logger.log(step, metrics))
+        if run.eval_interval:
+            progress.write(logger.log(run.num_rollout, await evaluate(rollout_fn, args, eval_data, run.num_rollout)))
+        await producer.stop()
+    logger.plot_rewards()
+    logger.close()
+
+
+async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, version: int, mode: str) -> list[Group]:
+    """`n` trainable groups: in sync mode generate batches until enough pass the buffer's rules;
+    in async mode wait for the producer. Eval groups share the buffer and are consumed unused."""
+    groups: list[Group] = []
+    while len(groups) < n:
+        if mode == "sync":
+            await producer.run_once()
+        taken = await buffer.take_groups(n - len(groups), CONSUMER, version)
+        evals = [g.group_id for g in taken if g.metadata.get("eval")]
+        if evals:
+            await buffer.ack(evals)
+        groups += [g for g in taken if not g.metadata.get("eval")]
+        if mode == "async" and len(groups) < n:
+            await asyncio.sleep(0.05)
+    producer.release()
+    return groups
+
+
+async def evaluate(rollout_fn, args: PluginArgs, eval_data: DataSource | None, step: int) -> dict[str, float]:
+    if eval_data is None:
+        return {}
+    eval_data.load_state({"epoch": 0, "offset": 0, "next_group_index": 0})
+    out = await asyncio.to_thread(rollout_fn, args, step, eval_data, True)
+    rewards = [r for d in out.data.values() for r in d["rewards"]]
+    return {"eval/reward_mean": sum(rewards) / max(len(rewards), 1)} | prefixed("eval", out.metrics)
+
+
+def batch_metrics(samples: list[Sample], version: int) -> dict[str, float]:
+    """What the trained batch looked like: rewards, lengths, staleness, capture splits."""
+    if not samples:
+        return {}
+    rewards = [float(s.reward) for s in samples if isinstance(s.reward, (int, float))]
+    mean = sum(rewards) / max(len(rewards), 1)
+    oldest = [min(s.weight_versions) for s in samples if s.weight_versions]
+    return {
+        "rollout/reward_mean": mean,
+        "rollout/reward_std": (sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)) ** 0.5,
+        "rollout/response_length": sum(s.response_length for s in samples) / len(samples),
+        "rollout/samples": float(len(samples)),
+        "rollout/segments_split": float(sum(s.split_reason is not None for s in samples)),
+        "rollout/staleness_max": float(version - min(oldest)) if oldest else 0.0,
+    }
+
+
+@contextlib.contextmanager
+def timed(metrics: dict[str, Any], key: str):
+    t0 = time.perf_counter()
+    yield
+    metrics[key] = time.perf_counter() - t0
+
+
+def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}/{k}": v for k, v in values.items()}
+
+
+def _train_source(setup: TrainSetup) -> DataSource:
+    if setup.data.prompt_data is None:
+        raise ValueError("--prompt-data is required")
+    prompts = read_prompts(setup.data.prompt_data, setup.data)
+    return DataSource(
+        prompts, setup.rollout.n_samples_per_prompt, shuffle=setup.data.shuffle, seed=setup.data.shuffle_seed
+    )
+
+
+def _eval_source(setup: TrainSetup) -> DataSource | None:
+    if setup.data.eval_prompt_data is None:
+        return None
+    prompts = read_prompts(setup.data.eval_prompt_data, setup.data)
+    return DataSource(prompts, setup.rollout.n_samples_per_eval_prompt, shuffle=False)
+
+
+def _save(trainer: Any, data: DataSource, root: Path, step: int) -> None:
+    trainer.save(root / f"step_{step:06d}", extra_state={"step": step, "data": data.state()})
+    latest = root / "latest"
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(f"step_{step:06d}")
+
+
+def _resume(trainer: Any, data: DataSource, load: Path | None) -> int:
+    if load is None:
+        return 0
+    state = trainer.load(load)
+    data.load_state(state["data"])
+    return int(state["step"])
+
+
+def _jsonable(setup: TrainSetup) -> dict[str, Any]:
+    return {
+        name: {k: str(v) if isinstance(v, Path) else v for k, v in vars(cfg).items()}
+        for name, cfg in vars(setup).items()
+    }
