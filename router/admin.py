@@ -1,0 +1,144 @@
+"""Session lifecycle (`/sessions`) and the operator API (`/admin`), behind the admin token."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
+
+from buffer.records import SessionInfo
+from router.api_v1 import parse, read_json
+from router.openai_api import APIError
+from router.sessions import CreateSession, FinishSession, Session
+from router.state import RouterState, get_state
+
+admin = APIRouter()
+
+
+def _bearer(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+
+
+def require_admin(state: RouterState, request: Request) -> None:
+    token = state.config.admin_token
+    if token and not hmac.compare_digest(_bearer(request).encode(), token.encode()):
+        raise APIError(401, "admin token required", type="authentication_error", code="invalid_admin_token")
+
+
+def _session(state: RouterState, session_id: str) -> Session:
+    session = state.sessions.by_id.get(session_id)
+    if session is None:
+        raise APIError(404, f"no session {session_id!r}", code="session_not_found")
+    return session
+
+
+@admin.post("/sessions")
+async def create_session(request: Request) -> dict:
+    state = get_state(request)
+    require_admin(state, request)
+    req: CreateSession = parse(CreateSession, await read_json(request))
+    try:
+        session = state.sessions.create(req)
+    except ValueError as e:
+        raise APIError(400, str(e), param="index") from None
+    info = SessionInfo(session.session_id, req.group_id, req.index, req.group_size, req.metadata)
+    await state.store.open_session(info)
+    state.metrics.active_sessions.set(state.sessions.active())
+    base = str(request.base_url).rstrip("/")
+    return {
+        "session_id": session.session_id,
+        "api_key": session.api_key,
+        "base_url": f"{base}/s/{session.api_key}/v1",
+        "group_id": session.group_id,
+        "index": session.index,
+    }
+
+
+@admin.get("/sessions/{session_id}")
+async def get_session(request: Request, session_id: str) -> dict:
+    state = get_state(request)
+    require_admin(state, request)
+    return _session(state, session_id).summary()
+
+
+@admin.post("/sessions/{session_id}/finish")
+async def finish_session(request: Request, session_id: str) -> dict:
+    """Seal an episode; allowed with the admin token or the session's own key."""
+    state = get_state(request)
+    session = _session(state, session_id)
+    if not hmac.compare_digest(_bearer(request).encode(), session.api_key.encode()):
+        require_admin(state, request)
+    req: FinishSession = parse(FinishSession, await read_json(request))
+    if session.finished is not None:
+        raise APIError(409, f"session {session_id} is already finished", code="session_finished")
+    async with session.write_lock:  # after any turn still being written
+        session.finished = req
+        await state.store.finish_session(session_id, req.reward, req.status, req.metadata)
+    state.metrics.active_sessions.set(state.sessions.active())
+    return session.summary()
+
+
+class EngineURL(BaseModel):
+    url: str
+
+
+@admin.get("/admin/engines")
+async def list_engines(request: Request) -> dict:
+    state = get_state(request)
+    require_admin(state, request)
+    return {"engines": [e.as_dict() for e in state.pool.engines.values()]}
+
+
+@admin.post("/admin/engines")
+async def add_engine(request: Request) -> dict:
+    state = get_state(request)
+    require_admin(state, request)
+    req: EngineURL = parse(EngineURL, await read_json(request))
+    try:
+        engine = state.pool.add(req.url)
+    except ValueError as e:
+        raise APIError(400, str(e), param="url") from None
+    await state.pool.check_health()
+    return engine.as_dict()
+
+
+@admin.delete("/admin/engines")
+async def remove_engine(request: Request) -> dict:
+    state = get_state(request)
+    require_admin(state, request)
+    req: EngineURL = parse(EngineURL, await read_json(request))
+    try:
+        state.pool.remove(req.url)
+    except KeyError:
+        raise APIError(404, f"no engine {req.url!r}", param="url", code="engine_not_found") from None
+    return {"engines": [e.as_dict() for e in state.pool.engines.values()]}
+
+
+_FAN_OUT = (
+    "pause_generation",
+    "continue_generation",
+    "flush_cache",
+    "update_weights_from_disk",
+    "update_weights_from_tensor",
+)
+
+
+def _fan_out_route(name: str) -> None:
+    async def handler(request: Request) -> dict:
+        state = get_state(request)
+        require_admin(state, request)
+        body = await read_json(request) if await request.body() else {}
+        results = await state.pool.broadcast("/" + name, body)
+        if name.startswith("update_weights"):
+            versions = await state.pool.weight_versions()
+            for r in results:
+                r["weight_version"] = versions.get(r["url"])
+        return {"ok": all(r["ok"] for r in results), "engines": results}
+
+    admin.add_api_route(f"/admin/{name}", handler, methods=["POST"], name=name)
+
+
+for _name in _FAN_OUT:
+    _fan_out_route(_name)

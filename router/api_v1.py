@@ -1,0 +1,193 @@
+"""The agent-facing endpoints: OpenAI `/v1` (per session or anonymous) and token-in `/generate`.
+
+Every generation follows the same steps: resolve the session from its key, validate, plan the
+turn's tokens (capture), check the context window, generate on an engine, answer the agent,
+then commit the turn and write it through to the store.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from router import responses as R
+from router.capture import Capture, TurnPlan
+from router.openai_api import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    from_validation_error,
+    validate_messages,
+)
+from router.render import TemplateError
+from router.sessions import Session
+from router.state import RouterState, get_state
+from router.tool_parser import parse_tool_calls
+from router.turns import Generation
+
+api = APIRouter()
+KEY_PREFIX = "sk-slimeish-"
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
+        raise APIError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return body
+
+
+def parse(model: type[BaseModel], body: dict) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
+    """The session owning the key (URL path or bearer), None for an allowed anonymous call."""
+    key = path_key
+    if key is None:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    session = state.sessions.by_api_key(key) if key else None
+    if session is None:
+        if path_key is None and state.config.allow_anonymous and not (key or "").startswith(KEY_PREFIX):
+            return None
+        raise APIError(401, "unknown or missing session key", type="authentication_error", code="invalid_api_key")
+    if session.finished is not None:
+        raise APIError(409, f"session {session.session_id} is finished", code="session_finished")
+    return session
+
+
+def sampling_params(state: RouterState, req: SamplingFields, max_tokens: int | None, prompt_len: int) -> dict:
+    """SGLang sampling params; the context check gives OpenAI's `context_length_exceeded`."""
+    room = state.context_length - prompt_len
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        raise APIError(
+            400,
+            f"this model's maximum context length is {state.context_length} tokens; the prompt has "
+            f"{prompt_len} and {max_tokens or 1} more were requested",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    params: dict[str, Any] = {"max_new_tokens": max_tokens or min(room, state.config.default_max_tokens), "n": req.n}
+    if req.temperature is not None:
+        params["temperature"] = req.temperature
+    if req.top_p is not None:
+        params["top_p"] = req.top_p
+    if req.stop:
+        params["stop"] = req.stop_list()
+    if req.seed is not None:
+        params["sampling_seed"] = req.seed
+    return params
+
+
+async def run_turn(
+    state: RouterState, session: Session | None, plan: TurnPlan, params: dict, extra: dict | None = None
+) -> list[Generation]:
+    gens = await state.runner.generate(session, plan.input_ids, params, extra or {})
+    if any(g.finish_type == "abort" for g in gens):
+        raise APIError(503, "the engine aborted the generation", type="server_error", code="generation_aborted")
+    return gens
+
+
+def assistant_message(state: RouterState, gen: Generation, parse_tools: bool) -> dict:
+    if not parse_tools:
+        return {"role": "assistant", "content": gen.text}
+    parsed = parse_tool_calls(gen.text)
+    if parsed.parse_error:
+        state.metrics.tool_parse_failures.inc()
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    return message
+
+
+def reply(body: dict, stream: bool, include_usage: bool, chat: bool) -> Response:
+    if not stream:
+        return JSONResponse(body)
+    events = R.chat_stream(body, include_usage) if chat else R.completion_stream(body, include_usage)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+@api.post("/v1/chat/completions")
+@api.post("/s/{api_key}/v1/chat/completions")
+async def chat_completions(request: Request, api_key: str | None = None) -> Response:
+    state, started = get_state(request), time.time()
+    session = resolve_session(state, request, api_key)
+    body = await read_json(request)
+    req: ChatRequest = parse(ChatRequest, body)
+    tools = body.get("tools") or None
+    capture = session.capture if session else Capture(state.renderer)
+    try:
+        plan = capture.plan_chat(body["messages"], tools, validate_messages)
+    except TemplateError as e:
+        raise APIError(400, str(e), param="messages") from None
+    params = sampling_params(state, req, req.new_tokens(), len(plan.input_ids))
+    extra = {"top_logprobs_num": req.top_logprobs} if req.logprobs and req.top_logprobs else {}
+    gens = await run_turn(state, session, plan, params, extra)
+    messages = [assistant_message(state, g, bool(tools) and req.tool_choice != "none") for g in gens]
+    logprobs = [R.chat_logprobs(state.renderer, g) for g in gens] if req.logprobs else None
+    out = R.chat_completion(req.model or state.model_name, messages, gens, len(plan.input_ids), logprobs)
+    if session is not None:
+        await state.runner.record(session, plan, gens, messages, started)
+    return reply(out, req.stream, bool(req.stream_options and req.stream_options.include_usage), chat=True)
+
+
+@api.post("/v1/completions")
+@api.post("/s/{api_key}/v1/completions")
+async def completions(request: Request, api_key: str | None = None) -> Response:
+    state, started = get_state(request), time.time()
+    session = resolve_session(state, request, api_key)
+    req: CompletionRequest = parse(CompletionRequest, await read_json(request))
+    capture = session.capture if session else Capture(state.renderer)
+    text_prompt = isinstance(req.prompt, str)
+    plan = capture.plan_text(req.prompt) if text_prompt else capture.plan_tokens(req.prompt)
+    params = sampling_params(state, req, req.max_tokens, len(plan.input_ids))
+    gens = await run_turn(state, session, plan, params)
+    texts = [g.text for g in gens]
+    logprobs = [R.completion_logprobs(state.renderer, g) for g in gens] if req.logprobs is not None else None
+    out = R.text_completion(req.model or state.model_name, texts, gens, len(plan.input_ids), logprobs)
+    if session is not None:
+        answers: list = texts if text_prompt else [None] * len(gens)
+        await state.runner.record(session, plan, gens, answers, started)
+    return reply(out, req.stream, bool(req.stream_options and req.stream_options.include_usage), chat=False)
+
+
+@api.get("/v1/models")
+@api.get("/s/{api_key}/v1/models")
+async def models(request: Request, api_key: str | None = None) -> dict:
+    state = get_state(request)
+    if api_key is not None:
+        resolve_session(state, request, api_key)
+    entry = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "slimeish"}
+    return {"object": "list", "data": [{**entry, "max_model_len": state.context_length}]}
+
+
+@api.post("/s/{api_key}/generate")
+async def generate(request: Request, api_key: str) -> Response:
+    """Token-in path: an SGLang /generate body (single prompt of `input_ids`), captured."""
+    state, started = get_state(request), time.time()
+    session = resolve_session(state, request, api_key)
+    body = await read_json(request)
+    ids = body.get("input_ids")
+    if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+        raise APIError(400, "the token-in path takes one prompt as `input_ids`: a non-empty list of ints")
+    if body.get("stream"):
+        raise APIError(400, "stream is not supported on the token-in path", param="stream")
+    plan = session.capture.plan_tokens(ids)
+    params = dict(body.get("sampling_params") or {})
+    forwarded = {k: v for k, v in body.items() if k not in ("input_ids", "text", "sampling_params", "return_logprob")}
+    gens = await run_turn(state, session, plan, params, forwarded)
+    await state.runner.record(session, plan, gens, [None] * len(gens), started)
+    items = [g.raw for g in gens]
+    return JSONResponse(items if len(items) > 1 else items[0])

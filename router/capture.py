@@ -1,0 +1,159 @@
+"""Exact token capture for one session: segments, incremental rendering, and split reasons.
+
+A segment is one token sequence the engine saw grow turn by turn. Each turn either extends a
+segment (reusing its exact tokens, sampled ones included, and rendering only the new tail) or
+starts a new segment whose `split_reason` says why. Planning a turn never mutates state, so a
+turn that fails (bad input, engine error) leaves the session record unchanged; `commit` applies
+a finished generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from router import history as H
+from router.render import ChatRenderer, TemplateError
+
+Validator = Callable[[list[dict], int], None]
+
+
+@dataclass
+class Segment:
+    index: int
+    split_reason: str | None
+    tokens: list[int] = field(default_factory=list)
+    version: int = 0  # bumped on every commit; detects two turns racing on one segment
+    ended_with_eos: bool = False
+    # Chat state, kept only while the segment is a chat conversation.
+    history: list[dict] | None = None  # the messages the agent sent last turn, as sent
+    reply: dict | None = None  # the assistant message the router returned for them
+    tools: list[dict] | None = None
+    # Completions state: the prompt text plus the completion text returned for it.
+    text: str | None = None
+
+
+@dataclass
+class TurnPlan:
+    segment_index: int  # an existing segment, or len(segments) for a new one
+    base_version: int | None  # the extended segment's version when planned; None for a new one
+    split_reason: str | None
+    prompt_ids: list[int]  # tokens appended before generation (the whole prompt for a new segment)
+    input_ids: list[int]  # everything the engine is given
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    prompt_text: str | None = None
+
+
+@dataclass
+class Committed:
+    segment_index: int
+    split_reason: str | None
+    prompt_ids: list[int]
+    new_segment: bool
+
+
+class Capture:
+    def __init__(self, renderer: ChatRenderer):
+        self.renderer = renderer
+        self.segments: list[Segment] = []
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan_chat(self, messages: list[dict], tools: list[dict] | None, validate: Validator) -> TurnPlan:
+        """`validate(messages, start)` is called before messages from `start` on are read: the
+        ones before it equal messages validated in an earlier turn."""
+        for seg in reversed(self.segments):
+            plan = self._try_extend_chat(seg, messages, tools, validate)
+            if plan is not None:
+                return self._only_latest(plan)
+        validate(messages, 0)
+        reason = self._chat_split_reason(messages, tools)
+        ids = self.renderer.full_ids(messages, tools)
+        return self._new(reason, ids, messages=messages, tools=tools)
+
+    def _try_extend_chat(
+        self, seg: Segment, messages: list[dict], tools: list[dict] | None, validate: Validator
+    ) -> TurnPlan | None:
+        if seg.history is None or tools != seg.tools:
+            return None
+        k = len(seg.history)
+        # Earlier messages come back exactly as the agent sent them last turn (a C-level list
+        # compare); only the echoed reply is compared in canonical form.
+        if len(messages) <= k + 1 or messages[:k] != seg.history:
+            return None
+        validate(messages, k)
+        if H.canonical(messages[k]) != H.canonical(seg.reply):
+            return None
+        try:
+            tail = self.renderer.tail_ids(seg.reply, seg.ended_with_eos, messages[k + 1 :])
+        except TemplateError:
+            ids = self.renderer.full_ids(messages, tools)
+            return self._new(H.TEMPLATE_UNSTABLE, ids, messages=messages, tools=tools)
+        return TurnPlan(seg.index, seg.version, None, tail, seg.tokens + tail, messages=messages, tools=tools)
+
+    def _chat_split_reason(self, messages: list[dict], tools: list[dict] | None) -> str | None:
+        last = next((s for s in reversed(self.segments) if s.history is not None), None)
+        if last is None:
+            return H.NEW_CONVERSATION if self.segments else None
+        if tools != last.tools:
+            return H.TOOLS_CHANGED
+        new = [H.canonical(m) for m in messages]
+        return H.split_reason([H.canonical(m) for m in last.history], H.canonical(last.reply), new) or (
+            H.ASSISTANT_EDITED  # extends only after canonicalisation, which the fast path refused
+        )
+
+    def plan_tokens(self, input_ids: list[int]) -> TurnPlan:
+        for seg in reversed(self.segments):
+            n = len(seg.tokens)
+            if len(input_ids) > n and input_ids[:n] == seg.tokens:
+                return self._only_latest(TurnPlan(seg.index, seg.version, None, input_ids[n:], list(input_ids)))
+        return self._new(H.TOKENS_DIVERGED if self.segments else None, list(input_ids))
+
+    def plan_text(self, prompt: str) -> TurnPlan:
+        for seg in reversed(self.segments):
+            if seg.text is not None and len(prompt) > len(seg.text) and prompt.startswith(seg.text):
+                tail = self.renderer.encode(prompt[len(seg.text) :])
+                plan = TurnPlan(seg.index, seg.version, None, tail, seg.tokens + tail, prompt_text=prompt)
+                return self._only_latest(plan)
+        reason = H.TOKENS_DIVERGED if self.segments else None
+        return self._new(reason, self.renderer.encode(prompt), prompt_text=prompt)
+
+    def _only_latest(self, plan: TurnPlan) -> TurnPlan:
+        """Only the latest segment grows (a sample's turns are contiguous); extending an earlier
+        one (after a sub-agent, or picking choice 0 of n) starts a new segment whose prompt is
+        that segment's exact tokens plus the tail."""
+        if plan.segment_index == len(self.segments) - 1:
+            return plan
+        return self.fork(plan, H.RESUMED_SEGMENT)
+
+    def _new(self, reason: str | None, ids: list[int], **state) -> TurnPlan:
+        return TurnPlan(len(self.segments), None, reason, ids, ids, **state)
+
+    # -- committing -------------------------------------------------------------------------
+    def commit(
+        self, plan: TurnPlan, output_ids: list[int], reply: dict | None = None, text: str | None = None
+    ) -> Committed:
+        """Apply one finished generation; `reply` (chat) or `text` (completions) is what the
+        agent was given, so the next turn can be recognised as extending this one."""
+        seg, prompt_ids, reason = self._target(plan)
+        seg.tokens = plan.input_ids + output_ids
+        seg.version += 1
+        seg.ended_with_eos = bool(output_ids) and output_ids[-1] == self.renderer.eos_token_id
+        seg.history = plan.messages if reply is not None else None
+        seg.reply, seg.tools = reply, plan.tools
+        seg.text = plan.prompt_text + text if plan.prompt_text is not None and text is not None else None
+        return Committed(seg.index, reason, prompt_ids, new_segment=plan.base_version is None or reason is not None)
+
+    def fork(self, plan: TurnPlan, reason: str) -> TurnPlan:
+        """The same prompt as a new segment (also choices after the first of an n > 1 request)."""
+        return replace(
+            plan, segment_index=len(self.segments), base_version=None, split_reason=reason, prompt_ids=plan.input_ids
+        )
+
+    def _target(self, plan: TurnPlan) -> tuple[Segment, list[int], str | None]:
+        if plan.base_version is not None and self.segments[plan.segment_index].version == plan.base_version:
+            return self.segments[plan.segment_index], plan.prompt_ids, None
+        reason = plan.split_reason if plan.base_version is None else H.CONCURRENT_TURN
+        seg = Segment(index=len(self.segments), split_reason=reason)
+        self.segments.append(seg)
+        return seg, plan.input_ids, reason

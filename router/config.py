@@ -1,0 +1,25 @@
+"""`RouterConfig`: every flag of `slimeish router`, as one typed dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slimeish.config import help_field
+
+
+@dataclass(kw_only=True)
+class RouterConfig:
+    model: Path = help_field(help="model directory: its tokenizer and chat template render the prompts")
+    engine: list[str] = help_field([], help="engine base URL (SGLang protocol, or an SGLang/smg router); repeatable")
+    buffer_url: str | None = help_field(None, help="redis:// URL of the data buffer; without it turns stay in memory")
+    run_id: str = help_field("default", help="run id under which the buffer stores this run")
+    admin_token: str | None = help_field(None, help="bearer token for /admin and /sessions; unset = no auth there")
+    host: str = help_field("127.0.0.1", help="address to bind")
+    port: int = help_field(30010, help="port to bind")
+    allow_anonymous: bool = help_field(False, help="serve /v1 requests without a session (answered, never logged)")
+    served_model_name: str | None = help_field(None, help="model id shown in /v1/models (default: the model dir name)")
+    default_max_tokens: int = help_field(2048, help="max new tokens when a request sets none (capped by context)")
+    context_length: int | None = help_field(None, help="context window in tokens (default: from the model config)")
+    health_interval: float = help_field(2.0, help="seconds between engine health checks")
+    request_timeout: float = help_field(600.0, help="seconds to wait for one engine /generate call")

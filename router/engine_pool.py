@@ -1,0 +1,145 @@
+"""Engines behind the router: sticky placement, least-loaded choice, health checks, retries.
+
+An engine is any server speaking SGLang's native HTTP protocol (an SGLang server, the embedded
+engine, or an SGLang/smg router in front of several). A session sticks to one engine so its
+prefix stays in that engine's cache; a request whose engine fails before answering is retried
+on another healthy engine, and the failed one is ejected until a health check re-admits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+log = logging.getLogger(__name__)
+
+
+class NoEngineError(RuntimeError):
+    """No healthy engine could serve the request (an HTTP 503 for the client)."""
+
+
+class EngineRejected(ValueError):
+    """The engine answered 4xx: the request itself is bad (an HTTP 400 for the client)."""
+
+
+@dataclass
+class Engine:
+    url: str
+    healthy: bool = True
+    inflight: int = 0
+    sessions: int = 0
+    weight_version: str | None = None
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version")}
+
+
+class EnginePool:
+    def __init__(self, client: httpx.AsyncClient, urls: list[str], timeout: float):
+        self.client = client
+        self.timeout = timeout
+        self.engines: dict[str, Engine] = {}
+        for url in urls:
+            self.add(url)
+
+    def add(self, url: str) -> Engine:
+        url = url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"engine URL must start with http:// or https://, got {url!r}")
+        return self.engines.setdefault(url, Engine(url))
+
+    def remove(self, url: str) -> None:
+        if self.engines.pop(url.rstrip("/"), None) is None:
+            raise KeyError(url)
+
+    def pick(self, sticky: str | None, exclude: set[str] = frozenset()) -> Engine:
+        """The session's engine if it is healthy, else the least-loaded healthy engine."""
+        engine = self.engines.get(sticky) if sticky else None
+        if engine is not None and engine.healthy and engine.url not in exclude:
+            return engine
+        candidates = [e for e in self.engines.values() if e.healthy and e.url not in exclude]
+        if not candidates:
+            raise NoEngineError("no healthy engine is available")
+        return min(candidates, key=lambda e: (e.inflight, e.sessions))
+
+    async def generate(self, payload: dict, sticky: str | None) -> tuple[dict, Engine]:
+        """POST /generate, retrying on other engines when one fails before answering."""
+        body = orjson.dumps(payload)
+        tried: set[str] = set()
+        while True:
+            engine = self.pick(sticky, tried)
+            tried.add(engine.url)
+            engine.inflight += 1
+            try:
+                response = await self.client.post(
+                    engine.url + "/generate",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                    timeout=self.timeout,
+                )
+            except httpx.TransportError as e:
+                self._eject(engine, repr(e))
+                continue
+            finally:
+                engine.inflight -= 1
+            if response.status_code >= 500:
+                self._eject(engine, f"HTTP {response.status_code}: {response.text[:200]}")
+                continue
+            if response.status_code >= 400:
+                raise EngineRejected(f"engine rejected the request: {response.text[:500]}")
+            data = orjson.loads(response.content)
+            engine.weight_version = data.get("meta_info", {}).get("weight_version", engine.weight_version)
+            return data, engine
+
+    def _eject(self, engine: Engine, why: str) -> None:
+        log.warning("engine %s failed (%s); ejected until healthy", engine.url, why)
+        engine.healthy = False
+
+    async def check_health(self) -> None:
+        await asyncio.gather(*(self._check(e) for e in list(self.engines.values())))
+
+    async def _check(self, engine: Engine) -> None:
+        try:
+            ok = (await self.client.get(engine.url + "/health", timeout=5.0)).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok != engine.healthy:
+            log.warning("engine %s is now %s", engine.url, "healthy" if ok else "unhealthy")
+        engine.healthy = ok
+
+    async def health_loop(self, interval: float) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.check_health()
+            await asyncio.sleep(interval)
+
+    async def broadcast(self, path: str, body: dict | None) -> list[dict]:
+        """POST `body` to `path` on every engine; one result per engine, failures included."""
+        return list(await asyncio.gather(*(self._post(e, path, body) for e in list(self.engines.values()))))
+
+    async def _post(self, engine: Engine, path: str, body: dict | None) -> dict:
+        try:
+            response = await self.client.post(engine.url + path, json=body or {}, timeout=self.timeout)
+        except httpx.HTTPError as e:
+            return {"url": engine.url, "ok": False, "error": repr(e)}
+        result: dict = {"url": engine.url, "ok": response.status_code == 200, "status_code": response.status_code}
+        with contextlib.suppress(ValueError):
+            result["response"] = response.json()
+        return result
+
+    async def weight_versions(self) -> dict[str, str | None]:
+        async def one(engine: Engine) -> str | None:
+            try:
+                info = (await self.client.get(engine.url + "/model_info", timeout=5.0)).json()
+            except (httpx.HTTPError, ValueError):
+                return None
+            engine.weight_version = info.get("weight_version", engine.weight_version)
+            return engine.weight_version
+
+        engines = list(self.engines.values())
+        return dict(zip((e.url for e in engines), await asyncio.gather(*map(one, engines)), strict=True))

@@ -1,0 +1,96 @@
+"""Compare an agent's message history with what the router saw, and name why they differ.
+
+Agents resend their history each turn, in their own formatting (`content: null` vs `""`, text
+parts vs a string, re-serialised tool-call arguments). `canonical` removes those differences so
+that only real edits count; `split_reason` names the edit when a turn does not extend a segment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+
+# Why a turn started a new segment (recorded on the segment and counted in metrics).
+TOOLS_CHANGED = "tools_changed"  # the tool list changed, so the system prompt changed
+NEW_CONVERSATION = "new_conversation"  # a different system/first message: a sub-agent or a new task
+PROMPT_REPEATED = "prompt_repeated"  # the same (or a shorter) history again: a retry or regeneration
+HISTORY_TRUNCATED = "history_truncated"  # earlier messages were dropped
+HISTORY_EDITED = "history_edited"  # earlier messages were rewritten (summaries, edits)
+ASSISTANT_EDITED = "assistant_edited"  # the model's last reply came back changed
+REASONING_DROPPED = "reasoning_dropped"  # the model's last reply came back without its <think> part
+TOKENS_DIVERGED = "tokens_diverged"  # token-in / completions: the prompt does not extend the last one
+PARALLEL_CHOICE = "parallel_choice"  # choice i > 0 of an n > 1 request
+RESUMED_SEGMENT = "resumed_segment"  # the turn extends a segment other than the latest one
+CONCURRENT_TURN = "concurrent_turn"  # two turns raced to extend one segment; the later one forks
+TEMPLATE_UNSTABLE = "template_unstable"  # the template cannot render the tail alone
+SPLIT_REASONS = (
+    TOOLS_CHANGED,
+    NEW_CONVERSATION,
+    PROMPT_REPEATED,
+    HISTORY_TRUNCATED,
+    HISTORY_EDITED,
+    ASSISTANT_EDITED,
+    REASONING_DROPPED,
+    TOKENS_DIVERGED,
+    PARALLEL_CHOICE,
+    RESUMED_SEGMENT,
+    CONCURRENT_TURN,
+    TEMPLATE_UNSTABLE,
+)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
+
+
+def _args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def canonical(message: dict[str, Any]) -> tuple:
+    """A hashable form of a message that ignores formatting but not meaning."""
+    calls = tuple(
+        (c["function"]["name"], json.dumps(_args(c["function"].get("arguments")), sort_keys=True))
+        for c in message.get("tool_calls") or ()
+    )
+    return (message.get("role"), _text(message.get("content")), calls, message.get("tool_call_id"))
+
+
+def _first_mismatch(a: list[tuple], b: list[tuple]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _first_content_index(history: list[tuple]) -> int:
+    return 1 if history and history[0][0] in ("system", "developer") else 0
+
+
+def split_reason(previous: list[tuple], reply: tuple, new: list[tuple]) -> str | None:
+    """None when `new` extends `previous + [reply]`, else why it does not (all canonical)."""
+    seen = [*previous, reply]
+    i = _first_mismatch(seen, new)
+    if i == len(seen):
+        return None if len(new) > len(seen) else PROMPT_REPEATED
+    if i == len(new):
+        return PROMPT_REPEATED if len(new) == len(previous) else HISTORY_TRUNCATED
+    if i <= _first_content_index(seen):
+        return NEW_CONVERSATION
+    if i == len(previous) and new[i][0] == "assistant":
+        stripped = (reply[0], _THINK.sub("", reply[1]), reply[2], reply[3])
+        return REASONING_DROPPED if stripped == new[i] and stripped != reply else ASSISTANT_EDITED
+    rest = new[i:]
+    if reply in rest and all(m in seen[i:] for m in rest[: rest.index(reply)]):
+        return HISTORY_TRUNCATED
+    return HISTORY_EDITED

@@ -1,0 +1,80 @@
+"""Render chat messages to token ids with the model's own chat template.
+
+Two entry points: `full_ids` renders a whole conversation (a segment's first turn), and
+`tail_ids` renders only what follows an assistant message the model produced, so a turn that
+extends the previous one costs O(new tokens), not O(history). The tail is found by rendering
+`[anchor, *tail]` and removing the rendering of `[anchor]` — valid whenever the template renders
+each message independently of the ones before it (ChatML/Hermes/Qwen do); tests check it against
+a full render.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoTokenizer
+
+
+class TemplateError(ValueError):
+    """The chat template cannot render these messages (bad input, or not prefix-stable)."""
+
+
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The form chat templates expect: text parts joined into one string, `None` content as ''."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    role = "system" if message.get("role") == "developer" else message.get("role")
+    return {**message, "role": role, "content": content or ""}
+
+
+class ChatRenderer:
+    def __init__(self, model_path: str | Path):
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        if self.tokenizer.chat_template is None:
+            raise ValueError(f"{model_path}: the tokenizer has no chat template")
+        self.eos_token: str = self.tokenizer.eos_token
+        self.eos_token_id: int = self.tokenizer.eos_token_id
+        self._model_path = str(model_path)
+
+    @cached_property
+    def context_length(self) -> int:
+        config = AutoConfig.from_pretrained(self._model_path)
+        return int(getattr(config, "max_position_embeddings", None) or self.tokenizer.model_max_length)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def render_text(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                [template_message(m) for m in messages],
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+            )
+        except Exception as e:  # jinja raises many types; all mean "cannot render this input"
+            raise TemplateError(f"chat template failed on these messages: {e}") from e
+
+    def full_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        return self.encode(self.render_text(messages, tools))
+
+    def tail_ids(self, anchor: dict, ended_with_eos: bool, tail: list[dict]) -> list[int]:
+        """Tokens that follow the sampled tokens of `anchor` (the model's last reply) up to the
+        next generation prompt: the template's closing of `anchor` that was not sampled (`\\n`
+        after a sampled eos, or eos + `\\n` when generation stopped otherwise), then `tail`."""
+        base = self.render_text([anchor], None, generation_prompt=False)
+        full = self.render_text([anchor, *tail], None, generation_prompt=True)
+        cut = base.rfind(self.eos_token)
+        if not full.startswith(base) or cut < 0:
+            raise TemplateError("chat template is not prefix-stable at an assistant turn")
+        closing = base[cut + len(self.eos_token) :] if ended_with_eos else base[cut:]
+        return self.encode(closing + full[len(base) :])

@@ -1,0 +1,126 @@
+"""OpenAI response bodies and SSE chunks built from engine generations."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from router.render import ChatRenderer
+from router.turns import Generation
+
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def finish_reason(gen: Generation, message: dict | None = None) -> str:
+    if message is not None and message.get("tool_calls"):
+        return "tool_calls"
+    return _FINISH.get(gen.finish_type, "stop")
+
+
+def usage(prompt_tokens: int, gens: list[Generation]) -> dict[str, int]:
+    completion = sum(len(g.output_ids) for g in gens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def chat_logprobs(renderer: ChatRenderer, gen: Generation) -> dict[str, Any]:
+    texts = renderer.tokenizer.batch_decode([[t] for t in gen.output_ids])
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(texts, gen.logprobs, strict=True)
+        ]
+    }
+
+
+def completion_logprobs(renderer: ChatRenderer, gen: Generation) -> dict[str, Any]:
+    texts = renderer.tokenizer.batch_decode([[t] for t in gen.output_ids])
+    offsets, at = [], 0
+    for t in texts:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": texts, "token_logprobs": gen.logprobs, "top_logprobs": None, "text_offset": offsets}
+
+
+def chat_completion(
+    model: str, messages: list[dict], gens: list[Generation], prompt_tokens: int, logprobs: list[dict] | None
+) -> dict[str, Any]:
+    choices = [
+        {
+            "index": i,
+            "message": message,
+            "logprobs": logprobs[i] if logprobs else None,
+            "finish_reason": finish_reason(gen, message),
+        }
+        for i, (gen, message) in enumerate(zip(gens, messages, strict=True))
+    ]
+    return {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, gens),
+    }
+
+
+def text_completion(
+    model: str, texts: list[str], gens: list[Generation], prompt_tokens: int, logprobs: list[dict] | None
+) -> dict[str, Any]:
+    choices = [
+        {"index": i, "text": text, "logprobs": logprobs[i] if logprobs else None, "finish_reason": finish_reason(gen)}
+        for i, (gen, text) in enumerate(zip(gens, texts, strict=True))
+    ]
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, gens),
+    }
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chat_deltas(message: dict) -> Iterator[dict]:
+    yield {"role": "assistant", "content": ""}
+    if message.get("content"):
+        yield {"content": message["content"]}
+    for i, call in enumerate(message.get("tool_calls") or []):
+        yield {"tool_calls": [{"index": i, **call}]}
+
+
+def chat_stream(body: dict, include_usage: bool) -> Iterator[bytes]:
+    """A finished chat completion as `chat.completion.chunk` events: role, content and tool-call
+    deltas per choice, then each choice's finish_reason, then usage if asked for."""
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
+    for choice in body["choices"]:
+        for delta in _chat_deltas(choice["message"]):
+            chunk = {"index": choice["index"], "delta": delta, "logprobs": None, "finish_reason": None}
+            yield _sse({**head, "choices": [chunk]})
+        last = {"index": choice["index"], "delta": {}, "logprobs": choice["logprobs"], "finish_reason": None}
+        last["finish_reason"] = choice["finish_reason"]
+        yield _sse({**head, "choices": [last]})
+    if include_usage:
+        yield _sse({**head, "choices": [], "usage": body["usage"]})
+    yield b"data: [DONE]\n\n"
+
+
+def completion_stream(body: dict, include_usage: bool) -> Iterator[bytes]:
+    head = {"id": body["id"], "object": "text_completion", "created": body["created"], "model": body["model"]}
+    for choice in body["choices"]:
+        yield _sse({**head, "choices": [{**choice, "finish_reason": None, "logprobs": None}]})
+        yield _sse({**head, "choices": [{**choice, "text": ""}]})
+    if include_usage:
+        yield _sse({**head, "choices": [], "usage": body["usage"]})
+    yield b"data: [DONE]\n\n"

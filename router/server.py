@@ -1,0 +1,142 @@
+"""`slimeish router`: the FastAPI app, its lifespan (shared clients, health loop) and `main`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from router.admin import admin
+from router.api_v1 import api
+from router.config import RouterConfig
+from router.engine_pool import EnginePool, EngineRejected, NoEngineError
+from router.metrics import RouterMetrics
+from router.openai_api import APIError
+from router.render import ChatRenderer
+from router.sessions import SessionRegistry
+from router.state import RouterState, get_state
+from router.storage import MemoryStore, TurnStore
+from router.turns import TurnRunner
+from slimeish.config import add_dataclass_args, from_namespace
+
+
+async def open_store(config: RouterConfig) -> TurnStore:
+    if config.buffer_url is None:
+        return MemoryStore()
+    from router.storage import BufferStore
+
+    return await BufferStore.connect(config.buffer_url, config.run_id)
+
+
+def _build_state(config: RouterConfig, store: TurnStore, client: httpx.AsyncClient) -> RouterState:
+    renderer = ChatRenderer(config.model)
+    metrics = RouterMetrics()
+    pool = EnginePool(client, config.engine, timeout=config.request_timeout)
+    return RouterState(
+        config=config,
+        renderer=renderer,
+        sessions=SessionRegistry(renderer),
+        pool=pool,
+        store=store,
+        runner=TurnRunner(pool, store, metrics),
+        metrics=metrics,
+        client=client,
+        model_name=config.served_model_name or config.model.name,
+        context_length=config.context_length or renderer.context_length,
+    )
+
+
+def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
+    """The router app; `store` overrides the one `config` names (tests pass a MemoryStore)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        async with httpx.AsyncClient(limits=limits, timeout=config.request_timeout) as client:
+            state = _build_state(config, store or await open_store(config), client)
+            app.state.router = state
+            await state.pool.check_health()
+            health = asyncio.create_task(state.pool.health_loop(config.health_interval))
+            try:
+                yield
+            finally:
+                health.cancel()
+                await state.store.close()
+
+    app = FastAPI(title="slimeish router", lifespan=lifespan)
+    app.include_router(api)
+    app.include_router(admin)
+    _install_handlers(app)
+    _install_observability(app)
+    return app
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return _error(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        return _error(APIError(400, str(e.errors()[0].get("msg", e))))
+
+    @app.exception_handler(NoEngineError)
+    async def no_engine(_: Request, e: NoEngineError) -> JSONResponse:
+        return _error(APIError(503, str(e), type="server_error", code="no_healthy_engine"))
+
+    @app.exception_handler(EngineRejected)
+    async def rejected(_: Request, e: EngineRejected) -> JSONResponse:
+        return _error(APIError(400, str(e), code="engine_rejected"))
+
+
+def _endpoint(request: Request) -> str:
+    route = request.scope.get("route")
+    return getattr(route, "path", "unmatched").replace("/s/{api_key}", "")
+
+
+def _install_observability(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def count(request: Request, call_next) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        metrics = get_state(request).metrics
+        endpoint = _endpoint(request)
+        metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state = get_state(request)
+        for engine in state.pool.engines.values():
+            state.metrics.engine_healthy.labels(engine.url).set(1 if engine.healthy else 0)
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        engines = get_state(request).pool.engines.values()
+        ok = any(e.healthy for e in engines)
+        return JSONResponse({"ok": ok, "healthy_engines": sum(e.healthy for e in engines)}, 200 if ok else 503)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="slimeish router", description=__doc__.split("\n\n")[0])
+    add_dataclass_args(parser, RouterConfig, "router")
+    args = parser.parse_args(argv)
+    try:
+        config = from_namespace(RouterConfig, args)
+    except ValueError as e:
+        parser.error(str(e))
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning")

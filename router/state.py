@@ -1,0 +1,34 @@
+"""`RouterState`: the parts one router app shares across requests (built in the lifespan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from fastapi import Request
+
+from router.config import RouterConfig
+from router.engine_pool import EnginePool
+from router.metrics import RouterMetrics
+from router.render import ChatRenderer
+from router.sessions import SessionRegistry
+from router.storage import TurnStore
+from router.turns import TurnRunner
+
+
+@dataclass
+class RouterState:
+    config: RouterConfig
+    renderer: ChatRenderer
+    sessions: SessionRegistry
+    pool: EnginePool
+    store: TurnStore
+    runner: TurnRunner
+    metrics: RouterMetrics
+    client: httpx.AsyncClient
+    model_name: str
+    context_length: int
+
+
+def get_state(request: Request) -> RouterState:
+    return request.app.state.router

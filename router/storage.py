@@ -1,0 +1,87 @@
+"""Where the router writes sessions and turns: the Redis buffer, or memory when there is none.
+
+`TurnStore` is the one seam between capture and storage. `BufferStore` writes through to
+`buffer.Buffer` (the records and the Redis schema belong to the buffer); `MemoryStore` keeps
+records in this process for `slimeish router` without `--buffer-url` and for tests, building
+samples with the buffer's own segment rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from buffer.client import Buffer
+from buffer.records import SessionInfo, Turn
+from buffer.segments import build_samples
+from slimeish.types import Sample
+
+
+class TurnStore(Protocol):
+    async def open_session(self, info: SessionInfo) -> None: ...
+    async def append_turn(self, turn: Turn) -> None: ...
+    async def finish_session(
+        self, session_id: str, reward: float | None, status: str, metadata: dict[str, Any]
+    ) -> None: ...
+    async def close(self) -> None: ...
+
+
+class BufferStore:
+    """Write-through to the Redis buffer: each turn is durable as soon as it completes."""
+
+    def __init__(self, buffer: Buffer):
+        self.buffer = buffer
+
+    @classmethod
+    async def connect(cls, url: str, run_id: str) -> BufferStore:
+        buffer = Buffer(url, run_id)
+        await buffer.redis.ping()  # fail at start-up, not at the first turn
+        return cls(buffer)
+
+    async def open_session(self, info: SessionInfo) -> None:
+        await self.buffer.open_session(info)
+
+    async def append_turn(self, turn: Turn) -> None:
+        await self.buffer.append_turn(turn)
+
+    async def finish_session(self, session_id: str, reward: float | None, status: str, metadata: dict) -> None:
+        await self.buffer.finish_session(session_id, reward, status, metadata)
+
+    async def close(self) -> None:
+        await self.buffer.aclose()
+
+
+class MemoryStore:
+    """Records kept in this process; `samples(session_id)` builds what the buffer would."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, SessionInfo] = {}
+        self.turns: dict[str, list[Turn]] = {}
+        self.finished: dict[str, tuple[float | None, str, dict[str, Any]]] = {}
+
+    async def open_session(self, info: SessionInfo) -> None:
+        self.sessions[info.session_id] = info
+        self.turns[info.session_id] = []
+
+    async def append_turn(self, turn: Turn) -> None:
+        turn.validate()
+        self.turns[turn.session_id].append(turn)
+
+    async def finish_session(self, session_id: str, reward: float | None, status: str, metadata: dict) -> None:
+        self.finished[session_id] = (reward, status, metadata)
+
+    async def close(self) -> None:
+        pass
+
+    def samples(self, session_id: str) -> list[Sample]:
+        info = self.sessions[session_id]
+        reward, status, metadata = self.finished.get(session_id, (None, "completed", {}))
+        samples = build_samples(
+            self.turns[session_id],
+            status=Sample.Status(status),
+            index=info.index,
+            group_index=0,
+            metadata={**info.metadata, **metadata},
+        )
+        for sample in samples:
+            sample.reward = reward
+        return samples

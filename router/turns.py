@@ -1,0 +1,123 @@
+"""One captured turn: send a plan's `input_ids` to an engine, then commit and record the result.
+
+Shared by the three generation paths (chat, completions, token-in /generate). The engine is
+asked for log-probs of the sampled tokens; its `output_ids` and log-probs are recorded as given,
+never re-derived from text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from buffer.records import Turn
+from router.capture import TurnPlan
+from router.engine_pool import EnginePool
+from router.history import PARALLEL_CHOICE
+from router.metrics import RouterMetrics
+from router.sessions import Session
+from router.storage import TurnStore
+
+
+@dataclass
+class Generation:
+    """One sampled continuation as the engine returned it."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_type: str  # SGLang's finish_reason.type: "stop" | "length" | "abort"
+    weight_versions: list[int]
+    engine: str
+    prompt_tokens: int
+    raw: dict[str, Any]
+
+
+def _weight_versions(meta: dict[str, Any]) -> list[int]:
+    spans = meta.get("weight_versions") or []
+    versions = [int(s["version"]) for s in spans] if spans else [int(meta.get("weight_version") or 0)]
+    return sorted(set(versions))
+
+
+def parse_generation(item: dict[str, Any], engine: str) -> Generation:
+    meta = item.get("meta_info", {})
+    entries = meta.get("output_token_logprobs") or []
+    ids = list(item.get("output_ids") or [e[1] for e in entries])
+    if [e[1] for e in entries] != ids:
+        raise RuntimeError(f"engine {engine} returned log-probs that do not match its output_ids")
+    finish = meta.get("finish_reason") or {"type": "length"}
+    return Generation(
+        output_ids=ids,
+        logprobs=[float(e[0]) for e in entries],
+        text=item.get("text", ""),
+        finish_type=finish.get("type", "length"),
+        weight_versions=_weight_versions(meta),
+        engine=engine,
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        raw=item,
+    )
+
+
+class TurnRunner:
+    def __init__(self, pool: EnginePool, store: TurnStore, metrics: RouterMetrics):
+        self.pool, self.store, self.metrics = pool, store, metrics
+
+    async def generate(
+        self, session: Session | None, input_ids: list[int], sampling: dict, extra: dict
+    ) -> list[Generation]:
+        """Generate `sampling["n"]` continuations on one engine (the session's, if healthy)."""
+        payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
+        sticky = session.engine if session else None
+        data, engine = await self.pool.generate(payload, sticky)
+        if session is not None and session.engine != engine.url:
+            if session.engine is not None:
+                self.metrics.engine_retries.inc()
+            self._move(session, engine.url)
+        items = data if isinstance(data, list) else [data]
+        return [parse_generation(item, engine.url) for item in items]
+
+    def _move(self, session: Session, url: str) -> None:
+        old = self.pool.engines.get(session.engine) if session.engine else None
+        if old is not None:
+            old.sessions -= 1
+        self.pool.engines[url].sessions += 1
+        session.engine = url
+
+    async def record(
+        self, session: Session, plan: TurnPlan, gens: list[Generation], answers: list[dict | str | None], started: float
+    ) -> None:
+        """Commit each choice to the capture and write its turn through to the store, in order.
+
+        `answers[i]` is what choice i returned to the agent: the assistant message (chat), the
+        completion text (completions) or None (token-in)."""
+        async with session.write_lock:
+            for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
+                choice_plan = plan if i == 0 else session.capture.fork(plan, PARALLEL_CHOICE)
+                committed = session.capture.commit(
+                    choice_plan,
+                    gen.output_ids,
+                    reply=answer if isinstance(answer, dict) else None,
+                    text=answer if isinstance(answer, str) else None,
+                )
+                if committed.new_segment:
+                    self.metrics.segments.labels(committed.split_reason or "first").inc()
+                turn = Turn(
+                    session_id=session.session_id,
+                    turn_index=session.turns,
+                    segment_index=committed.segment_index,
+                    split_reason=committed.split_reason,
+                    prompt_ids=committed.prompt_ids,
+                    output_ids=gen.output_ids,
+                    output_logprobs=gen.logprobs,
+                    weight_versions=gen.weight_versions,
+                    engine=gen.engine,
+                    finish_reason=gen.finish_type,
+                    started_at=started,
+                    finished_at=time.time(),
+                )
+                session.turns += 1
+                self.metrics.turns.inc()
+                self.metrics.tokens_in.inc(len(committed.prompt_ids))
+                self.metrics.tokens_out.inc(len(gen.output_ids))
+                await self.store.append_turn(turn)
