@@ -103,7 +103,7 @@ class RolloutProducer:
         if not isinstance(out, RolloutFnTrainOutput):
             raise TypeError(f"the rollout function returned {type(out).__name__}, expected RolloutFnTrainOutput")
         await store_uncaptured(self.buffer, out.samples, f"r{rollout_id}")
-        self.metrics = {f"rollout/{k}": v for k, v in out.metrics.items()}
+        self.metrics = {f"episodes/{k}": v for k, v in out.metrics.items()}
         return self.metrics
 
     def start(self, ahead: int) -> None:

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
 
 async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     from slimeish.trainer.trainer import Trainer
-    from slimeish.trainer.weight_sync import WeightSync
+    from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
 
     run, n_groups = setup.run, setup.rollout.rollout_batch_size
     args = PluginArgs(setup, stack)
@@ -130,7 +130,12 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
     start = await asyncio.to_thread(_resume, trainer, data, run.load)
     sync = WeightSync(
-        stack.router_url, admin_token=stack.admin_token, method=run.weight_sync, export_dir=run.run_dir / "weights"
+        WeightSyncConfig(
+            router_url=stack.router_url,
+            admin_token=stack.admin_token,
+            method=run.weight_sync,
+            disk_dir=run.run_dir / "weights",
+        )
     )
     logger = MetricsLogger(run.run_dir)
     unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
@@ -149,7 +154,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
             with timed(metrics, "time/train"):
                 metrics |= prefixed("train", await asyncio.to_thread(trainer.train_step, samples))
             with timed(metrics, "time/sync"):
-                metrics |= prefixed("time/sync", await sync.sync(trainer))
+                metrics |= prefixed("time/sync", await asyncio.to_thread(sync.sync, trainer))
             metrics |= batch_metrics(samples, trainer.weight_version) | producer.metrics
             unacked += [g.group_id for g in groups]
             if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
@@ -160,6 +165,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
         if run.eval_interval:
             progress.write(logger.log(run.num_rollout, await evaluate(rollout_fn, args, eval_data, run.num_rollout)))
         await producer.stop()
+    sync.close()
     logger.plot_rewards()
     logger.close()
 
@@ -236,7 +242,7 @@ def _eval_source(setup: TrainSetup) -> DataSource | None:
 
 
 def _save(trainer: Any, data: DataSource, root: Path, step: int) -> None:
-    trainer.save(root / f"step_{step:06d}", extra_state={"step": step, "data": data.state()})
+    trainer.save(root / f"step_{step:06d}", data_state={"rollout_step": step, **data.state()})
     latest = root / "latest"
     latest.unlink(missing_ok=True)
     latest.symlink_to(f"step_{step:06d}")
@@ -246,8 +252,8 @@ def _resume(trainer: Any, data: DataSource, load: Path | None) -> int:
     if load is None:
         return 0
     state = trainer.load(load)
-    data.load_state(state["data"])
-    return int(state["step"])
+    data.load_state(state)
+    return int(state["rollout_step"])
 
 
 def _jsonable(setup: TrainSetup) -> dict[str, Any]:
