@@ -53,3 +53,12 @@ class Keys:
 
     def session_id_from_samples_key(self, key: str) -> str:
         return key.removeprefix(f"{self.base}:samples:")
+
+
+def run_ids_pattern() -> str:
+    """SCAN pattern matching the stats hash of every run (each run has one once it is written to)."""
+    return f"{PREFIX}:*:stats"
+
+
+def run_id_from_stats_key(key: str) -> str:
+    return key.removeprefix(f"{PREFIX}:").removesuffix(":stats")

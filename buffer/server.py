@@ -11,10 +11,12 @@ to the OS before the reply) but may lose the last second on a machine crash.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -26,6 +28,7 @@ from slimeish.config import help_field
 from slimeish.procs import free_port
 
 AppendFsync = Literal["always", "everysec", "no"]
+SERVER_INFO = "server.json"  # pid and url of the server running on a directory, while it runs
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,9 +76,12 @@ class EmbeddedServer:
 
     def start(self, timeout: float = 30.0) -> EmbeddedServer:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if (other := running_server_url(self.dir)) is not None:  # two servers on one AOF would corrupt it
+            raise RuntimeError(f"a buffer server already serves {self.dir} at {other}; connect with --buffer-url")
         # own process group: Ctrl-C in a terminal reaches it only through stop()
         self.proc = subprocess.Popen(self.command(), start_new_session=True, stdout=subprocess.DEVNULL)
         self._wait_ready(timeout)
+        (self.dir / SERVER_INFO).write_text(json.dumps({"pid": self.proc.pid, "url": self.url}))
         return self
 
     def _wait_ready(self, timeout: float) -> None:
@@ -99,13 +105,17 @@ class EmbeddedServer:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM: valkey flushes and fsyncs the AOF, then exits; SIGKILL only if it hangs."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._forget()
+
+    def _forget(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / SERVER_INFO).unlink()
 
     def kill(self) -> None:
         """SIGKILL, as in a crash (tests use it to check durability)."""
@@ -113,9 +123,35 @@ class EmbeddedServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        self._forget()
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def running_server_url(dir: Path | str) -> str | None:
+    """The URL of an embedded server already serving `dir` (its owner wrote server.json), if alive."""
+    info_path = Path(dir) / SERVER_INFO
+    if not info_path.exists():
+        return None
+    info = json.loads(info_path.read_text())
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return None
+    return info["url"]
+
+
+@contextlib.contextmanager
+def connect_or_start(buffer_url: str | None, dir: Path | str, port: int | None = None) -> Iterator[str]:
+    """Yield a Redis URL: `buffer_url` if given, else the embedded server on `dir` (reused if one
+    is already running there, otherwise started now and stopped on exit)."""
+    url = buffer_url or running_server_url(dir)
+    if url:
+        yield url
+        return
+    with EmbeddedServer(dir, port) as server:
+        yield server.url

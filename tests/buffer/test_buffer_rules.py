@@ -1,0 +1,57 @@
+"""Group rules (pure): failed members, staleness bound, filter hook, the built-in DAPO filter."""
+
+from __future__ import annotations
+
+import pytest
+
+from buffer import BufferConfig, SessionStatus
+from buffer.filters import nonzero_reward_variance
+from buffer.rules import Member, judge
+from slimeish.types import Sample
+
+OK, FAILED = SessionStatus.COMPLETED, SessionStatus.FAILED
+
+
+def member(status: SessionStatus = OK, reward: float = 1.0, versions: tuple[int, ...] = (5,)) -> Member:
+    samples = [] if status is FAILED else [Sample(reward=reward, weight_versions=list(versions))]
+    return Member(status, samples)
+
+
+def test_complete_group_is_trainable():
+    verdict = judge("g", [member(reward=0.0), member(reward=1.0)], BufferConfig(), current_version=5)
+    assert verdict.keep and len(verdict.samples) == 2
+
+
+def test_failed_member_drops_group_by_default():
+    assert judge("g", [member(), member(FAILED)], BufferConfig(), None).state == "dropped_failed"
+
+
+def test_keep_successful_needs_min_successful():
+    config = BufferConfig(failed_policy="keep_successful", min_successful=2)
+    kept = judge("g", [member(), member(), member(FAILED)], config, None)
+    assert kept.keep and len(kept.samples) == 2
+    assert judge("g", [member(), member(FAILED), member(FAILED)], config, None).state == "dropped_failed"
+
+
+def test_staleness_is_measured_from_the_oldest_token():
+    config = BufferConfig(max_staleness=2)
+    fresh = [member(versions=(3, 9)), member(versions=(8,))]
+    assert judge("g", fresh, config, current_version=5).keep  # 5 - 3 = 2: at the bound
+    stale = judge("g", fresh, config, current_version=6)
+    assert stale.state == "dropped_stale" and stale.oldest_version == 3
+    assert judge("g", fresh, BufferConfig(), current_version=100).keep  # no bound configured
+
+
+def test_filter_hook_and_builtin_zero_variance_filter():
+    same = [member(reward=1.0), member(reward=1.0)]
+    assert judge("g", same, BufferConfig(), None, nonzero_reward_variance).state == "filtered"
+    assert judge("g", [member(reward=0.0), member(reward=1.0)], BufferConfig(), None, nonzero_reward_variance).keep
+    with pytest.raises(ValueError, match="scalar"):
+        nonzero_reward_variance("g", [Sample(reward=None)])
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ValueError, match="min_successful"):
+        BufferConfig(min_successful=0)
+    with pytest.raises(ValueError, match="max_staleness"):
+        BufferConfig(max_staleness=-1)
