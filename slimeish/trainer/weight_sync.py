@@ -1,0 +1,148 @@
+"""Push the trainer's weights to the inference engines: pause -> flush -> update -> continue.
+
+Talks either to the router's admin fan-out (`/admin/...`, bearer admin token; the router forwards
+each call to every engine) or straight to a list of engines (SGLang endpoint names), so the same
+client works before, behind and without a router. Generation is paused in place: no request is
+aborted, running requests continue with the new weights and report both versions.
+
+Update methods:
+- `tensor`: the same-host fast path. The trainer writes one safetensors file with HF names to
+  shared memory (/dev/shm) and sends its path (`load_format: "safetensors_path"`); no weights
+  travel through JSON.
+- `disk`: the trainer exports a HF checkpoint directory and engines load it (`model_path`); works
+  across hosts given a shared filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from slimeish.config import help_field
+
+
+@dataclass(kw_only=True)
+class WeightSyncConfig:
+    router_url: str | None = help_field(None, help="router base URL: sync through its /admin fan-out")
+    admin_token: str | None = help_field(None, help="router admin token (Authorization: Bearer)")
+    engine_urls: list[str] = help_field([], help="engine base URLs to update directly (when no router)")
+    method: Literal["tensor", "disk"] = help_field("tensor", help="tensor: safetensors in shared memory; disk: HF dir")
+    shm_dir: Path = help_field(Path("/dev/shm"), help="where the tensor method writes its safetensors file")
+    disk_dir: Path | None = help_field(None, help="where the disk method exports checkpoints (default: a temp dir)")
+    timeout_s: float = help_field(600.0, help="HTTP timeout of each call")
+
+    def __post_init__(self) -> None:
+        if bool(self.router_url) == bool(self.engine_urls):
+            raise ValueError("give exactly one of router_url and engine_urls")
+        if self.router_url and not self.admin_token:
+            raise ValueError("router_url needs admin_token")
+
+
+class SyncSource(Protocol):
+    """What the sync needs from a trainer."""
+
+    weight_version: int
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]: ...
+    def export_hf(self, out_dir: str | Path) -> Path: ...
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+class WeightSync:
+    def __init__(self, config: WeightSyncConfig):
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.admin_token}"} if config.router_url else {}
+        self._client = httpx.Client(timeout=config.timeout_s, headers=headers)
+        self._disk_root = Path(config.disk_dir or tempfile.mkdtemp(prefix="slimeish-weights-"))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> WeightSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sync(self, trainer: SyncSource) -> dict[str, float]:
+        """Update every engine to the trainer's current weights; returns seconds per phase."""
+        version = str(trainer.weight_version)
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        payload, cleanup = self._timed(timings, "serialize", lambda: self._prepare(trainer, version))
+        try:
+            self._timed(timings, "pause", lambda: self._call("pause_generation", {"mode": "in_place"}))
+            try:
+                self._timed(timings, "flush", lambda: self._call("flush_cache", {}))
+                endpoint = f"update_weights_from_{self.config.method}"
+                replies = self._timed(timings, "update", lambda: self._call(endpoint, payload))
+                _check_versions(replies, version)
+            finally:
+                self._timed(timings, "continue", lambda: self._call("continue_generation", {}))
+        finally:
+            cleanup()
+        timings["total"] = time.perf_counter() - start
+        return timings
+
+    @staticmethod
+    def _timed(timings: dict[str, float], phase: str, fn):
+        t = time.perf_counter()
+        result = fn()
+        timings[phase] = time.perf_counter() - t
+        return result
+
+    def _prepare(self, trainer: SyncSource, version: str) -> tuple[dict[str, Any], Any]:
+        if self.config.method == "disk":
+            out = trainer.export_hf(self._disk_root / f"v{version}")
+            return {"model_path": str(out), "weight_version": version}, lambda: None
+        path = self.config.shm_dir / f"slimeish-{os.getpid()}-v{version}.safetensors"
+        save_file(trainer.hf_state_dict(), path)
+        body = {
+            "serialized_named_tensors": [str(path)],
+            "load_format": "safetensors_path",
+            "weight_version": version,
+            "flush_cache": True,
+        }
+        return body, lambda: path.unlink(missing_ok=True)
+
+    def _call(self, endpoint: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """POST to the router's admin endpoint or to every engine; raise on any failure."""
+        if self.config.router_url:
+            urls = [f"{self.config.router_url.rstrip('/')}/admin/{endpoint}"]
+        else:
+            urls = [f"{u.rstrip('/')}/{endpoint}" for u in self.config.engine_urls]
+        replies = []
+        for url in urls:
+            r = self._client.post(url, json=body)
+            if r.status_code != 200:
+                raise WeightSyncError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
+            data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+            if isinstance(data, dict) and data.get("success") is False:
+                raise WeightSyncError(f"{url}: {data.get('message', data)}")
+            replies.append(data)
+        return replies
+
+
+def _check_versions(replies: list[dict[str, Any]], version: str) -> None:
+    """Each engine (directly, or listed in the router's reply) must report the new version."""
+    engines: list[dict[str, Any]] = []
+    for reply in replies:
+        engines.extend(reply.get("engines", [reply]) if isinstance(reply, dict) else [])
+    for e in engines:
+        if e.get("ok") is False or e.get("success") is False:
+            raise WeightSyncError(f"engine {e.get('url', '?')} failed to update: {e}")
+        if "weight_version" in e and str(e["weight_version"]) != version:
+            raise WeightSyncError(
+                f"engine {e.get('url', '?')} reports version {e['weight_version']}, expected {version}"
+            )

@@ -1,0 +1,108 @@
+"""Trainer mechanics on CPU: batching, schedule, steps, checkpoints and HF export."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from trainer_helpers import random_samples
+from transformers import AutoModelForCausalLM
+
+from slimeish.trainer.batching import pack_micro_batches, split_global_batches
+from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.trainer.optimizer import lr_at
+from slimeish.trainer.trainer import Trainer
+
+
+def test_packing_respects_token_budget_and_covers_every_sample():
+    samples = random_samples(3, 4)
+    batches = pack_micro_batches(samples, max_tokens=30)
+    assert sorted(i for mb in batches for i in mb.indices) == list(range(len(samples)))
+    for mb in batches:
+        assert mb.num_tokens <= 30 or len(mb.indices) == 1
+        for row, i in enumerate(mb.indices):
+            s = samples[i]
+            assert mb.input_ids[row, : len(s.tokens)].tolist() == s.tokens
+            assert mb.loss_mask[row].sum().item() == s.response_length
+            assert mb.response_start[row].item() == s.prompt_length - 1
+
+
+def test_global_batches_must_divide():
+    assert split_global_batches(random_samples(2, 2), 2) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="multiple"):
+        split_global_batches(random_samples(1, 3), 2)
+
+
+def test_lr_warmup_then_cosine(tiny_model):
+    cfg = TrainerConfig(model_path=tiny_model, lr=1.0, min_lr=0.1, lr_warmup_steps=4, lr_decay_steps=10,
+                        lr_decay_style="cosine")  # fmt: skip
+    assert [lr_at(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(9, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model_factory):
+    return Trainer(TrainerConfig(model_path=tiny_model_factory("llama"), lr=1e-3, micro_batch_tokens=40),
+                   LossConfig(kl_coef=0.05, entropy_coef=0.01))  # fmt: skip
+
+
+def test_step_metrics_and_version(trainer):
+    samples = random_samples(2, 4, seed=1)
+    before = {k: v.clone() for k, v in trainer.hf_state_dict().items()}
+    metrics = trainer.train_step(samples)
+    for key in ("loss", "pg_loss", "ref_kl", "entropy", "clip_fraction", "ppo_kl", "grad_norm", "lr"):
+        assert math.isfinite(metrics[key]), key
+    assert metrics["weight_version"] == trainer.weight_version == 1
+    assert metrics["ref_kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update
+    after = trainer.hf_state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_several_optimizer_steps_clip_against_the_old_policy(tiny_model):
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=5e-2, global_batch_size=4),
+                      LossConfig(eps_clip=0.01))  # fmt: skip
+    metrics = trainer.train_step(random_samples(2, 4, seed=2))
+    assert trainer.step == 2 and trainer.weight_version == 1
+    assert metrics["clip_fraction"] > 0  # the second step's ratio is against the weights before the call
+
+
+def test_save_load_resumes_exactly(trainer, tmp_path):
+    samples = random_samples(2, 2, seed=3)
+    trainer.save(tmp_path / "ckpt", data_state={"epoch": 1, "offset": 17})
+    first = trainer.train_step(samples)
+    state_after = trainer.hf_state_dict()
+    assert trainer.load(tmp_path / "ckpt") == {"epoch": 1, "offset": 17}
+    version = trainer.weight_version
+    again = trainer.train_step(samples)
+    assert trainer.weight_version == version + 1
+    assert again["loss"] == pytest.approx(first["loss"], abs=1e-6)
+    for k, v in trainer.hf_state_dict().items():
+        torch.testing.assert_close(v, state_after[k], rtol=0, atol=1e-6)
+
+
+def test_export_loads_with_from_pretrained_and_matches(trainer, tmp_path):
+    out = trainer.export_hf(tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    samples = random_samples(1, 3, seed=4)
+    ours = trainer.compute_log_probs(samples)
+    for s, lp in zip(samples, ours, strict=True):
+        with torch.no_grad():
+            logits = hf(torch.tensor([s.tokens])).logits[0, :-1].log_softmax(-1)
+        ref = logits.gather(-1, torch.tensor(s.tokens[1:]).unsqueeze(-1)).squeeze(-1)[-s.response_length :]
+        torch.testing.assert_close(torch.tensor(lp), ref, rtol=0, atol=1e-4)
+
+
+def test_bad_samples_are_rejected(trainer):
+    bad = random_samples(1, 2)
+    bad[0].reward = None
+    with pytest.raises(ValueError, match="reward"):
+        trainer.train_step(bad)
+    with pytest.raises(ValueError, match="rollout_log_probs"):
+        Trainer(TrainerConfig(model_path=trainer.config.model_path), LossConfig(tis=True)).train_step(
+            random_samples(1, 2)
+        )

@@ -1,0 +1,51 @@
+"""Sample builders shared by the trainer tests."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+
+from slimeish.types import Sample
+
+
+def random_samples(n_groups: int, group_size: int, seed: int = 0, vocab: int = 800) -> list[Sample]:
+    """Random token sequences (no rollout log-probs) with random rewards."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(n_groups):
+        for i in range(group_size):
+            p, r = rng.randint(3, 8), rng.randint(2, 6)
+            out.append(
+                Sample(group_index=g, index=i, tokens=[rng.randrange(vocab) for _ in range(p + r)],
+                       response_length=r, loss_mask=[1] * r, reward=rng.random())
+            )  # fmt: skip
+    return out
+
+
+def engine_samples(url: str, prompts: list[list[int]], group_size: int, max_new_tokens: int, seed: int = 0):
+    """Sample `group_size` answers per prompt from an engine at temperature 1, with its log-probs.
+
+    Returns (samples, weight versions reported by the engine)."""
+    samples, versions = [], set()
+    with httpx.Client(timeout=60) as client:
+        for g, prompt in enumerate(prompts):
+            for i in range(group_size):
+                body = {
+                    "input_ids": prompt,
+                    "sampling_params": {
+                        "max_new_tokens": max_new_tokens,
+                        "temperature": 1.0,
+                        "sampling_seed": seed + i,
+                    },
+                    "return_logprob": True,
+                }
+                reply = client.post(f"{url}/generate", json=body).raise_for_status().json()
+                out = reply["output_ids"]
+                logprobs = [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]]
+                versions.add(reply["meta_info"]["weight_version"])
+                samples.append(
+                    Sample(group_index=g, index=i, tokens=prompt + out, response_length=len(out),
+                           loss_mask=[1] * len(out), rollout_log_probs=logprobs, reward=0.0)
+                )  # fmt: skip
+    return samples, versions
