@@ -17,14 +17,14 @@ def _megatron_cpu():
     init_distributed(use_gpu=False)
 
 
-@pytest.fixture
-def engine_factory(tmp_path):
+@pytest.fixture(scope="module")
+def engine_factory(tmp_path_factory):
     """Start `slimeish engine --model DIR` on a free port; returns its base URL. Stopped at teardown."""
     procs: list[ManagedProcess] = []
 
     def start(model_dir) -> str:
         port = free_port()
-        log = tmp_path / f"engine-{port}.log"
+        log = tmp_path_factory.mktemp("engine") / "engine.log"
         proc = ManagedProcess.slimeish("engine", "--model", str(model_dir), "--port", str(port), log_path=log)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"

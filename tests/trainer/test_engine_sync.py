@@ -1,0 +1,87 @@
+"""Against a real embedded engine: on-policy log-probs agree, and a weight sync changes what it serves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainer_helpers import engine_samples
+
+from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.trainer.trainer import Trainer
+from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError
+
+PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 51, 52]]
+
+
+def _max_abs_diff(trainer: Trainer, samples) -> float:
+    ours = trainer.compute_log_probs(samples)
+    return max(
+        (torch.tensor(a) - torch.tensor(s.rollout_log_probs)).abs().max().item()
+        for a, s in zip(ours, samples, strict=True)
+    )
+
+
+def test_on_policy_step_then_sync_from_tensor_and_disk(tiny_model, engine, tmp_path):
+    url = engine
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=1e-2), LossConfig(old_log_probs="rollout"))
+
+    samples, versions = engine_samples(url, PROMPTS, group_size=4, max_new_tokens=12)
+    assert versions == {"0"}
+    assert _max_abs_diff(trainer, samples) <= 1e-4  # trainer and engine compute the same policy
+    for i, s in enumerate(samples):
+        s.reward = float(i % 2)
+    metrics = trainer.train_step(samples)
+    assert abs(metrics["ppo_kl"]) <= 1e-6 and abs(metrics["rollout_kl"]) <= 1e-6
+    assert metrics["clip_fraction"] == 0.0
+
+    stale, _ = engine_samples(url, PROMPTS, group_size=1, max_new_tokens=12, seed=100)
+    assert _max_abs_diff(trainer, stale) > 1e-3  # the engine still serves the old weights
+
+    with WeightSync(WeightSyncConfig(engine_urls=[url], method="tensor")) as sync:
+        timings = sync.sync(trainer)
+    assert {"serialize", "pause", "flush", "update", "continue", "total"} <= set(timings)
+    fresh, versions = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=12, seed=200)
+    assert versions == {"1"}
+    assert _max_abs_diff(trainer, fresh) <= 1e-4
+
+    for i, s in enumerate(fresh):
+        s.reward = float(i % 2)
+    trainer.train_step(fresh)
+    with WeightSync(WeightSyncConfig(engine_urls=[url], method="disk", disk_dir=tmp_path)) as sync:
+        sync.sync(trainer)
+    fresh, versions = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=12, seed=300)
+    assert versions == {"2"}
+    assert _max_abs_diff(trainer, fresh) <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def engine(engine_factory, tiny_model):
+    return engine_factory(tiny_model)
+
+
+def test_sync_reports_engine_errors(engine, tmp_path):
+    url = engine
+    _, before = engine_samples(url, PROMPTS[:1], group_size=1, max_new_tokens=2)
+
+    class Broken:  # a trainer whose export is not a checkpoint directory
+        weight_version = 5
+
+        def export_hf(self, out_dir):
+            return tmp_path / "missing"
+
+        def hf_state_dict(self):
+            raise AssertionError("not used by the disk method")
+
+    with WeightSync(WeightSyncConfig(engine_urls=[url], method="disk")) as sync, pytest.raises(WeightSyncError):
+        sync.sync(Broken())
+    _, versions = engine_samples(url, PROMPTS[:1], group_size=1, max_new_tokens=2)
+    assert versions == before  # generation was continued and the version kept
+
+
+def test_sync_config_needs_one_target():
+    with pytest.raises(ValueError):
+        WeightSyncConfig()
+    with pytest.raises(ValueError):
+        WeightSyncConfig(router_url="http://x", engine_urls=["http://y"], admin_token="t")
+    with pytest.raises(ValueError, match="admin_token"):
+        WeightSyncConfig(router_url="http://x")
