@@ -1,0 +1,114 @@
+"""Taking groups against a real valkey-server: ack/give_back, recovery, staleness, policies, filter."""
+
+from __future__ import annotations
+
+import pytest
+from buffer_helpers import write_group, write_session
+
+from buffer import Buffer, BufferConfig, NotTakenError, SessionInfo, UnknownGroupError
+
+
+async def test_take_ack_and_never_again(buf: Buffer, valkey, run_id):
+    await write_group(buf, "g1", 2)
+    await write_group(buf, "g2", 3)
+    groups = await buf.take_groups(5, "trainer", current_version=0)
+    assert [g.group_id for g in groups] == ["g1", "g2"]
+    assert [s.index for s in groups[1].samples] == [0, 1, 2]
+    assert [s.reward for s in groups[1].samples] == [0.0, 1.0, 2.0]
+    assert groups[0].metadata == {"prompt": "p-g1"}
+    assert (await buf.stats()).groups_taken == 2
+    assert await buf.ack(["g1", "g2"]) == 2
+    assert await buf.ack(["g1"]) == 0  # acknowledging twice is a no-op
+    assert await buf.take_groups(5, "trainer") == []
+    async with Buffer(valkey.url, run_id) as restarted:
+        assert await restarted.take_groups(5, "trainer") == []  # acknowledged groups never come back
+    stats = await buf.stats()
+    assert (stats.groups_trained, stats.groups_taken, stats.groups_waiting) == (2, 0, 0)
+
+
+async def test_take_respects_n_and_incomplete_groups_wait(buf: Buffer):
+    for gid in ("a", "b", "c"):
+        await write_group(buf, gid, 2)
+    await write_session(buf, "open", 0, 2)
+    first = await buf.take_groups(2, "t")
+    second = await buf.take_groups(2, "t")
+    assert [g.group_id for g in first + second] == ["a", "b", "c"]
+
+
+async def test_unacknowledged_groups_come_back_to_a_restarted_consumer(buf: Buffer, valkey, run_id):
+    await write_group(buf, "g1")
+    await write_group(buf, "g2")
+    await write_group(buf, "g3")
+    taken = await buf.take_groups(2, "trainer-0")
+    await buf.ack([taken[0].group_id])
+    async with Buffer(valkey.url, run_id) as restarted:  # same consumer name, new process state
+        again = await restarted.take_groups(1, "trainer-0")
+        assert [g.group_id for g in again] == [taken[1].group_id]
+        assert [g.group_id for g in await restarted.take_groups(5, "trainer-0")] == ["g3"]
+        assert await restarted.take_groups(5, "trainer-0") == []
+
+
+async def test_reclaim_from_a_consumer_with_another_name(buf: Buffer, valkey, run_id):
+    await write_group(buf, "g1")
+    assert len(await buf.take_groups(1, "dead-trainer")) == 1
+    async with Buffer(valkey.url, run_id, BufferConfig(reclaim_after_s=0)) as other:
+        assert [g.group_id for g in await other.take_groups(1, "new-trainer")] == ["g1"]
+        assert await other.ack(["g1"]) == 1
+
+
+async def test_give_back_hands_the_group_out_again(buf: Buffer):
+    await write_group(buf, "g1")
+    (group,) = await buf.take_groups(1, "t")
+    assert await buf.give_back([group.group_id]) == 1
+    with pytest.raises(NotTakenError):
+        await buf.give_back([group.group_id])
+    (again,) = await buf.take_groups(1, "other")
+    assert again.group_id == "g1" and (await buf.stats()).groups_given_back == 1
+
+
+async def test_ack_of_a_group_not_handed_out_is_refused(buf: Buffer):
+    await write_group(buf, "waiting")
+    with pytest.raises(NotTakenError, match="not handed out"):
+        await buf.ack(["waiting"])
+    with pytest.raises(UnknownGroupError):
+        await buf.ack(["no-such-group"])
+    assert (await buf.stats()).groups_waiting == 1
+
+
+async def test_stale_groups_are_dropped_and_queued_for_regeneration(buf: Buffer, valkey, run_id):
+    await write_group(buf, "old", version=1)
+    await write_group(buf, "new", version=4)
+    async with Buffer(valkey.url, run_id, BufferConfig(max_staleness=2)) as trainer:
+        assert [g.group_id for g in await trainer.take_groups(2, "t", current_version=5)] == ["new"]
+        stats = await trainer.stats()
+        assert (stats.groups_dropped_stale, stats.regenerate_queued, stats.groups_taken) == (1, 1, 1)
+        (request,) = await trainer.pop_regenerate(5)
+    assert (request.group_id, request.oldest_version, request.current_version) == ("old", 1, 5)
+    assert request.metadata == {"prompt": "p-old"}
+    assert await buf.pop_regenerate() == []
+
+
+async def test_failed_policy_and_filter_by_import_path(valkey, run_id):
+    config = BufferConfig(
+        failed_policy="keep_successful", min_successful=2, group_filter_path="buffer.filters.nonzero_reward_variance"
+    )
+    async with Buffer(valkey.url, run_id, config) as buf:
+        await write_group(buf, "same", rewards=[1.0, 1.0])
+        await write_group(buf, "varied", size=3, rewards=[0.0, 1.0, 1.0])
+        for gid, failures in (("one-failed", 1), ("two-failed", 2)):
+            for i in range(3):
+                if i < failures:
+                    await buf.open_session(SessionInfo(f"{gid}-{i}", gid, i, 3))
+                    await buf.fail_session(f"{gid}-{i}", "reward function raised")
+                else:
+                    await write_session(buf, gid, i, 3, reward=float(i))
+        kept = await buf.take_groups(10, "t")
+        assert [(g.group_id, len(g.samples)) for g in kept] == [("varied", 3), ("one-failed", 2)]
+        assert [s.index for s in kept[1].samples] == [1, 2]
+        stats = await buf.stats()
+        assert (stats.groups_filtered, stats.groups_dropped_failed, stats.groups_taken) == (1, 1, 2)
+
+
+def test_bad_filter_path_fails_at_construction(valkey, run_id):
+    with pytest.raises(ValueError, match="expected def keep"):
+        Buffer(valkey.url, run_id, BufferConfig(group_filter_path="buffer.filters.no_such_filter"))
