@@ -122,7 +122,7 @@ class Capture:
         """Only the latest segment grows (a sample's turns are contiguous); extending an earlier
         one (after a sub-agent, or picking choice 0 of n) starts a new segment whose prompt is
         that segment's exact tokens plus the tail."""
-        if plan.segment_index == len(self.segments) - 1:
+        if plan.base_version is None or plan.segment_index == len(self.segments) - 1:
             return plan
         return self.fork(plan, H.RESUMED_SEGMENT)
 

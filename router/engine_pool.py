@@ -93,7 +93,8 @@ class EnginePool:
             if response.status_code >= 400:
                 raise EngineRejected(f"engine rejected the request: {response.text[:500]}")
             data = orjson.loads(response.content)
-            engine.weight_version = data.get("meta_info", {}).get("weight_version", engine.weight_version)
+            first = data[0] if isinstance(data, list) and data else data
+            engine.weight_version = first.get("meta_info", {}).get("weight_version", engine.weight_version)
             return data, engine
 
     def _eject(self, engine: Engine, why: str) -> None:

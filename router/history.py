@@ -85,12 +85,11 @@ def split_reason(previous: list[tuple], reply: tuple, new: list[tuple]) -> str |
         return None if len(new) > len(seen) else PROMPT_REPEATED
     if i == len(new):
         return PROMPT_REPEATED if len(new) == len(previous) else HISTORY_TRUNCATED
-    if i <= _first_content_index(seen):
-        return NEW_CONVERSATION
     if i == len(previous) and new[i][0] == "assistant":
         stripped = (reply[0], _THINK.sub("", reply[1]), reply[2], reply[3])
         return REASONING_DROPPED if stripped == new[i] and stripped != reply else ASSISTANT_EDITED
     rest = new[i:]
-    if reply in rest and all(m in seen[i:] for m in rest[: rest.index(reply)]):
-        return HISTORY_TRUNCATED
-    return HISTORY_EDITED
+    if reply in rest:  # the conversation goes on after the last reply, with earlier messages changed
+        kept = all(m in seen[i:] for m in rest[: rest.index(reply)])
+        return HISTORY_TRUNCATED if kept else HISTORY_EDITED
+    return NEW_CONVERSATION if i <= _first_content_index(seen) else HISTORY_EDITED

@@ -1,0 +1,121 @@
+"""Router fixtures: a renderer on the tiny model, real embedded engines, and a running router."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from fastapi import FastAPI, Request, Response
+
+from router.config import RouterConfig
+from router.render import ChatRenderer
+from router.server import create_app
+from router.storage import MemoryStore
+from slimeish.procs import ManagedProcess, free_port, wait_http
+
+
+@pytest.fixture(scope="session")
+def renderer(tiny_model) -> ChatRenderer:
+    return ChatRenderer(tiny_model)
+
+
+def start_engine(model: Path, log_dir: Path, name: str = "engine") -> tuple[ManagedProcess, str]:
+    port = free_port()
+    proc = ManagedProcess.slimeish(
+        "engine", "--model", str(model), "--port", str(port), log_path=log_dir / f"{name}-{port}.log"
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", timeout=120, proc=proc.proc)
+    except Exception:
+        proc.stop()
+        raise
+    return proc, url
+
+
+@pytest.fixture(scope="session")
+def engine_url(tiny_model, tmp_path_factory) -> Iterator[str]:
+    """One embedded engine serving the tiny model for the whole session."""
+    proc, url = start_engine(tiny_model, tmp_path_factory.mktemp("engine-logs"))
+    yield url
+    proc.stop()
+
+
+class ThreadServer:
+    """An ASGI app served by uvicorn on a free loopback port, in a background thread."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def recording_proxy(target: str, log: list[tuple[dict, dict | list]]):
+    """Forwards everything to `target` and logs each /generate (request, response): the test's
+    view of what the engine really received and sampled, independent of the router's record."""
+    app = FastAPI()
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request) -> Response:
+        body = await request.body()
+        async with httpx.AsyncClient(timeout=120) as client:
+            r = await client.request(
+                request.method, f"{target}/{path}", content=body, headers={"content-type": "application/json"}
+            )
+        if path == "generate" and r.status_code == 200:
+            log.append((orjson.loads(body), r.json()))
+        return Response(r.content, r.status_code, media_type="application/json")
+
+    return app
+
+
+@dataclass
+class RouterUnderTest:
+    url: str
+    store: MemoryStore
+    engine_log: list
+    admin: dict
+
+    def new_session(self, **body) -> dict:
+        r = httpx.post(self.url + "/sessions", json=body, headers=self.admin)
+        r.raise_for_status()
+        return r.json()
+
+    def record(self, session_id: str) -> dict:
+        return httpx.get(f"{self.url}/sessions/{session_id}", headers=self.admin).json()
+
+
+ADMIN_TOKEN = "admin-secret"
+
+
+@pytest.fixture(scope="module")
+def router_app(tiny_model, engine_url) -> Iterator[RouterUnderTest]:
+    """A router (in-process, real HTTP) in front of a recording proxy to one real engine."""
+    log: list = []
+    store = MemoryStore()
+    with ThreadServer(recording_proxy(engine_url, log)) as proxy:
+        config = RouterConfig(model=tiny_model, engine=[proxy.url], admin_token=ADMIN_TOKEN, allow_anonymous=True)
+        with ThreadServer(create_app(config, store=store)) as router:
+            yield RouterUnderTest(router.url, store, log, {"Authorization": f"Bearer {ADMIN_TOKEN}"})

@@ -1,0 +1,170 @@
+"""Golden tests of capture: which turns extend a segment, and the reason recorded when not.
+
+The engine is not involved: `sample` stands in for a generation by encoding a reply and
+ending it with eos, as a model that stopped normally would.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from router import history as H
+from router.capture import Capture
+from router.openai_api import validate_messages
+from router.render import ChatRenderer
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+SYSTEM = {"role": "system", "content": "You add numbers."}
+USER = {"role": "user", "content": "1 + 2?"}
+
+
+def sample(capture: Capture, messages, tools=None, reply_text="The answer is 3.", plan=None):
+    """Plan a chat turn, 'generate' `reply_text` + eos, commit; return (plan, committed, reply)."""
+    plan = plan or capture.plan_chat(messages, tools, validate_messages)
+    output = [*capture.renderer.encode(reply_text), capture.renderer.eos_token_id]
+    reply = {"role": "assistant", "content": reply_text}
+    return plan, capture.commit(plan, output, reply=reply), reply
+
+
+def episode(renderer, tools=None):
+    """A capture after two turns of one conversation, and its last history + reply."""
+    cap = Capture(renderer)
+    msgs = [SYSTEM, USER]
+    _, c0, r0 = sample(cap, msgs, tools)
+    msgs = [*msgs, r0, {"role": "user", "content": "and 2 + 2?"}]
+    _, c1, r1 = sample(cap, msgs, tools, "4.")
+    assert (c0.segment_index, c0.split_reason, c1.segment_index, c1.split_reason) == (0, None, 0, None)
+    return cap, [*msgs, r1]
+
+
+def next_turn(cap, messages, tools=None):
+    plan = cap.plan_chat(messages, tools, validate_messages)
+    return plan.segment_index, plan.split_reason
+
+
+def test_extension_reuses_sampled_tokens_and_renders_only_the_tail(renderer):
+    cap = Capture(renderer)
+    _, _c0, r0 = sample(cap, [SYSTEM, USER], TOOLS, "<tool_call>\n{}\n</tool_call>")
+    seg_tokens = list(cap.segments[0].tokens)
+    tail = [{"role": "tool", "tool_call_id": "x", "content": "3"}]
+    plan = cap.plan_chat([SYSTEM, USER, r0, *tail], TOOLS, validate_messages)
+    assert plan.segment_index == 0 and plan.split_reason is None
+    assert plan.input_ids[: len(seg_tokens)] == seg_tokens
+    assert plan.prompt_ids == renderer.encode(
+        "\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_agent_formatting_differences_still_extend(renderer):
+    cap, hist = episode(renderer)
+    echoed = {**hist[-1], "content": [{"type": "text", "text": hist[-1]["content"]}], "refusal": None}
+    assert next_turn(cap, [*hist[:-1], echoed, {"role": "user", "content": "thanks"}]) == (0, None)
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda h: [{**SYSTEM, "content": "You are a sub-agent."}, USER], H.NEW_CONVERSATION),
+        (lambda h: [SYSTEM, {"role": "user", "content": "other task"}], H.NEW_CONVERSATION),
+        (lambda h: h[:-1], H.PROMPT_REPEATED),
+        (lambda h: h[:2], H.HISTORY_TRUNCATED),
+        (lambda h: [h[0], *h[3:], {"role": "user", "content": "go on"}], H.HISTORY_TRUNCATED),
+        (
+            lambda h: [h[0], {"role": "user", "content": "summary"}, *h[4:], {"role": "user", "content": "x"}],
+            H.HISTORY_EDITED,
+        ),
+        (
+            lambda h: [*h[:-1], {"role": "assistant", "content": "edited"}, {"role": "user", "content": "x"}],
+            H.ASSISTANT_EDITED,
+        ),
+    ],
+    ids=["sub-agent", "new-task", "retry", "truncated-tail", "dropped-middle", "summarized", "assistant-edited"],
+)
+def test_split_reasons(renderer, edit, reason):
+    cap, hist = episode(renderer)
+    assert next_turn(cap, edit(hist)) == (1, reason)
+
+
+def test_tools_changed(renderer):
+    cap, hist = episode(renderer)
+    assert next_turn(cap, [*hist, {"role": "user", "content": "x"}], TOOLS) == (1, H.TOOLS_CHANGED)
+
+
+def test_reasoning_dropped(renderer):
+    cap = Capture(renderer)
+    _, _, _reply = sample(cap, [SYSTEM, USER], None, "<think>1+2 is 3</think>The answer is 3.")
+    stripped = {"role": "assistant", "content": "The answer is 3."}
+    assert next_turn(cap, [SYSTEM, USER, stripped, {"role": "user", "content": "x"}]) == (1, H.REASONING_DROPPED)
+
+
+def test_new_segment_renders_the_whole_conversation(renderer):
+    cap, _hist = episode(renderer)
+    msgs = [SYSTEM, {"role": "user", "content": "other"}]
+    plan = cap.plan_chat(msgs, None, validate_messages)
+    assert plan.prompt_ids == plan.input_ids == renderer.full_ids(msgs, None)
+
+
+def test_parallel_choices_and_resuming_an_earlier_segment(renderer):
+    cap = Capture(renderer)
+    plan, _c0, r0 = sample(cap, [SYSTEM, USER])
+    _, c1, _ = sample(cap, None, plan=cap.fork(plan, H.PARALLEL_CHOICE), reply_text="Three.")
+    assert (c1.segment_index, c1.split_reason, c1.prompt_ids) == (1, H.PARALLEL_CHOICE, plan.input_ids)
+    # the agent continues with choice 0: its tokens are exact, but only the latest segment grows
+    plan2 = cap.plan_chat([SYSTEM, USER, r0, {"role": "user", "content": "x"}], None, validate_messages)
+    assert (plan2.segment_index, plan2.split_reason) == (2, H.RESUMED_SEGMENT)
+    assert (
+        plan2.prompt_ids == plan2.input_ids and plan2.input_ids[: len(cap.segments[0].tokens)] == cap.segments[0].tokens
+    )
+
+
+def test_concurrent_turns_on_one_segment_fork(renderer):
+    cap, hist = episode(renderer)
+    msgs_a = [*hist, {"role": "user", "content": "a"}]
+    msgs_b = [*hist, {"role": "user", "content": "b"}]
+    plan_a = cap.plan_chat(msgs_a, None, validate_messages)
+    plan_b = cap.plan_chat(msgs_b, None, validate_messages)
+    sample(cap, None, plan=plan_a)
+    _, cb, _ = sample(cap, None, plan=plan_b)
+    assert (cb.segment_index, cb.split_reason, cb.prompt_ids) == (1, H.CONCURRENT_TURN, plan_b.input_ids)
+
+
+def test_tokens_path(renderer):
+    cap = Capture(renderer)
+    plan = cap.plan_tokens([5, 6, 7])
+    cap.commit(plan, [8, renderer.eos_token_id])
+    ext = cap.plan_tokens([5, 6, 7, 8, renderer.eos_token_id, 9])
+    assert (ext.segment_index, ext.split_reason, ext.prompt_ids) == (0, None, [9])
+    div = cap.plan_tokens([5, 6, 1])
+    assert (div.segment_index, div.split_reason, div.prompt_ids) == (1, H.TOKENS_DIVERGED, [5, 6, 1])
+
+
+def test_text_completions_extend_by_text(renderer):
+    cap = Capture(renderer)
+    plan = cap.plan_text("1 + 2 =")
+    cap.commit(plan, [*renderer.encode(" 3"), renderer.eos_token_id], text=" 3")
+    ext = cap.plan_text("1 + 2 = 3. 2 + 2 =")
+    assert (ext.segment_index, ext.prompt_ids) == (0, renderer.encode(". 2 + 2 ="))
+
+
+def test_template_unstable(tiny_model):
+    unstable = ChatRenderer(tiny_model)
+    # a template that numbers the messages renders each one differently depending on the history
+    unstable.tokenizer.chat_template = (
+        "{% for m in messages %}{{ loop.length }}:{{ m.role }}:{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    cap = Capture(unstable)
+    _, _, r0 = sample(cap, [USER])
+    msgs = [USER, r0, {"role": "user", "content": "x"}]
+    plan = cap.plan_chat(msgs, None, validate_messages)
+    assert (plan.segment_index, plan.split_reason) == (1, H.TEMPLATE_UNSTABLE)
+    assert plan.input_ids == unstable.full_ids(msgs, None)
+
+
+def test_invalid_new_message_is_rejected_before_planning(renderer):
+    from router.openai_api import APIError
+
+    cap, hist = episode(renderer)
+    with pytest.raises(APIError, match=r"messages\.5"):
+        cap.plan_chat([*hist, {"role": "tool", "content": "no id"}], None, validate_messages)
+    assert len(cap.segments) == 1

@@ -1,0 +1,199 @@
+"""The real `openai` SDK against the router and a real embedded engine.
+
+A recording proxy between router and engine logs what the engine received and sampled; the
+stored samples must equal exactly that: prompt ids followed by sampled ids, mask 1 precisely on
+sampled tokens, and the engine's log-probs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import httpx
+import openai
+import pytest
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        },
+    }
+]
+
+
+def client_for(session: dict) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+
+
+def assert_exact_capture(sample, calls, renderer):
+    """`calls` are the engine's (request, response) pairs of this sample's turns, in order."""
+    mask_at, prompt_len = {}, len(calls[0][0]["input_ids"])
+    for request, response in calls:
+        ids, out = request["input_ids"], response["output_ids"]
+        assert sample.tokens[: len(ids)] == ids  # the engine got exactly the captured prefix
+        assert sample.tokens[len(ids) : len(ids) + len(out)] == out  # ...and sampled exactly these
+        for j, (lp, tok, _) in enumerate(response["meta_info"]["output_token_logprobs"]):
+            mask_at[len(ids) + j - prompt_len] = lp
+            assert tok == out[j]
+    final_request, final_response = calls[-1]
+    assert sample.tokens == final_request["input_ids"] + final_response["output_ids"]
+    assert sample.loss_mask == [1 if i in mask_at else 0 for i in range(sample.response_length)]
+    assert sample.rollout_log_probs == [mask_at.get(i, 0.0) for i in range(sample.response_length)]
+    sample.validate()
+
+
+def test_multi_turn_tool_episode_is_captured_exactly(router_app, renderer):
+    session = router_app.new_session(group_id="g-tools", index=0, group_size=1)
+    client = client_for(session)
+    start = len(router_app.engine_log)
+    messages = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "what is 1 + 2?"}]
+    agent_turns = [
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"result": 3}'},
+        {"role": "user", "content": "and 2 + 2?"},
+    ]
+    for turn in range(3):
+        r = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=6, seed=turn)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        assert r.usage.completion_tokens == len(router_app.engine_log[-1][1]["output_ids"])
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        if turn < 2:
+            messages.append(agent_turns[turn])
+    calls = router_app.engine_log[start:]
+    assert len(calls) == 3
+    # each later prompt = the previous prompt + the sampled ids + only the new tail
+    for (req_a, resp_a), (req_b, _) in itertools.pairwise(calls):
+        assert req_b["input_ids"][: len(req_a["input_ids"]) + len(resp_a["output_ids"])] == (
+            req_a["input_ids"] + resp_a["output_ids"]
+        )
+    # the last prompt decodes to a full render of the conversation it answered
+    last_prompt = renderer.tokenizer.decode(calls[-1][0]["input_ids"], skip_special_tokens=False)
+    assert last_prompt == renderer.render_text(messages[:-1], TOOLS)
+
+    r = httpx.post(
+        f"{router_app.url}/sessions/{session['session_id']}/finish", json={"reward": 1.0}, headers=router_app.admin
+    )
+    assert r.status_code == 200, r.text
+    (sample,) = router_app.store.samples(session["session_id"])
+    assert sample.reward == 1.0 and sample.split_reason is None
+    assert_exact_capture(sample, calls, renderer)
+    assert [t.segment_index for t in router_app.store.turns[session["session_id"]]] == [0, 0, 0]
+
+
+def test_bearer_key_on_v1_and_models(router_app, tiny_model):
+    session = router_app.new_session()
+    client = openai.OpenAI(base_url=router_app.url + "/v1", api_key=session["api_key"], max_retries=0)
+    assert [m.id for m in client.models.list().data] == [tiny_model.name]
+    client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert router_app.record(session["session_id"])["turns"] == 1
+
+
+async def test_async_clients_run_concurrent_sessions(router_app):
+    sessions = [router_app.new_session(group_id="g-async", index=i, group_size=4) for i in range(4)]
+
+    async def episode(session):
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "count"}]
+        for _ in range(2):
+            r = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=3)
+            messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+        await client.close()
+
+    await asyncio.gather(*map(episode, sessions))
+    for s in sessions:
+        turns = router_app.store.turns[s["session_id"]]
+        assert [t.segment_index for t in turns] == [0, 0]
+        assert turns[1].prompt_ids[:1] != []  # the tail only, not the whole history
+        assert len(turns[1].prompt_ids) < len(turns[0].prompt_ids) + len(turns[0].output_ids)
+
+
+def test_streaming_with_usage(router_app):
+    session = router_app.new_session()
+    stream = client_for(session).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        tools=TOOLS,
+    )
+    chunks = list(stream)
+    engine_text = router_app.engine_log[-1][1]["text"]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == engine_text or any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length", "tool_calls")
+    assert chunks[-1].usage.completion_tokens == len(router_app.engine_log[-1][1]["output_ids"])
+
+
+def test_logprobs_n_and_stop(router_app):
+    session = router_app.new_session()
+    r = client_for(session).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=4,
+        n=2,
+        logprobs=True,
+        stop=["zzz"],
+        temperature=0.8,
+        top_p=0.9,
+    )
+    assert len(r.choices) == 2
+    engine_items = router_app.engine_log[-1][1]
+    assert isinstance(engine_items, list) and len(engine_items) == 2
+    for choice, item in zip(r.choices, engine_items, strict=True):
+        assert [t.logprob for t in choice.logprobs.content] == [
+            e[0] for e in item["meta_info"]["output_token_logprobs"]
+        ]
+    record = router_app.record(session["session_id"])
+    assert [s["split_reason"] for s in record["segments"]] == [None, "parallel_choice"]
+
+
+def test_completions_text_and_tokens(router_app, renderer):
+    session = router_app.new_session()
+    client = client_for(session)
+    r1 = client.completions.create(model="tiny", prompt="1 + 2 =", max_tokens=3, logprobs=0)
+    assert len(r1.choices[0].logprobs.token_logprobs) == len(router_app.engine_log[-1][1]["output_ids"])
+    client.completions.create(model="tiny", prompt="1 + 2 =" + r1.choices[0].text + " ok", max_tokens=3)
+    ids = renderer.encode("5 + 5 =")
+    client.completions.create(model="tiny", prompt=ids, max_tokens=2)
+    record = router_app.record(session["session_id"])
+    assert [s["split_reason"] for s in record["segments"]] == [None, "tokens_diverged"]
+
+
+def test_token_in_generate_path(router_app, renderer):
+    session = router_app.new_session()
+    url = f"{router_app.url}/s/{session['api_key']}/generate"
+    ids = renderer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    first = httpx.post(url, json={"input_ids": ids, "sampling_params": {"max_new_tokens": 3}}).json()
+    assert {"text", "output_ids", "meta_info"} <= set(first)
+    ids2 = ids + first["output_ids"] + renderer.encode("\n<|im_start|>user\nmore<|im_end|>\n")
+    second = httpx.post(url, json={"input_ids": ids2, "sampling_params": {"max_new_tokens": 3}}).json()
+    httpx.post(
+        f"{router_app.url}/sessions/{session['session_id']}/finish",
+        json={"reward": 0.5},
+        headers={"Authorization": f"Bearer {session['api_key']}"},
+    ).raise_for_status()
+    (sample,) = router_app.store.samples(session["session_id"])
+    assert sample.tokens == ids2 + second["output_ids"]
+    assert sum(sample.loss_mask) == len(first["output_ids"]) + len(second["output_ids"])
+
+
+@pytest.mark.parametrize("path", ["/metrics"])
+def test_metrics_expose_counters(router_app, path):
+    text = httpx.get(router_app.url + path).text
+    for name in (
+        "router_requests_total",
+        "router_request_seconds",
+        "router_prompt_tokens_total",
+        "router_output_tokens_total",
+        "router_active_sessions",
+        "router_segments_total",
+        "router_tool_call_parse_failures_total",
+        "router_engine_healthy",
+    ):
+        assert name in text, name
