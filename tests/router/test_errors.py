@@ -1,0 +1,155 @@
+"""Bad input, isolation and auth: OpenAI-shaped 4xx errors that leave the session untouched."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+ADMIN_TOKEN = "admin-secret"  # as in conftest.py
+
+GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+
+def assert_openai_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+@pytest.fixture
+def session(router_app):
+    """A session with one good turn, so 'unchanged' has something to compare against."""
+    s = router_app.new_session()
+    httpx.post(s["base_url"] + "/chat/completions", json=GOOD).raise_for_status()
+    return s
+
+
+BAD_BODIES = {
+    "malformed json": b'{"messages": [',
+    "not an object": b"[1, 2]",
+    "no messages": b'{"model": "tiny"}',
+    "bad role": b'{"messages": [{"role": "wizard", "content": "hi"}]}',
+    "tool without id": b'{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}',
+    "image part": b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
+    "tool type": b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "retrieval"}]}',
+    "tool name": b'{"messages": [{"role": "user", "content": "a"}], '
+    b'"tools": [{"type": "function", "function": {"name": "bad name!"}}]}',
+    "tool params": b'{"messages": [{"role": "user", "content": "a"}], '
+    b'"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}',
+    "unknown tool_choice": b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function", '
+    b'"function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}',
+    "negative max_tokens": b'{"messages": [{"role": "user", "content": "a"}], "max_tokens": -1}',
+    "temperature": b'{"messages": [{"role": "user", "content": "a"}], "temperature": 9}',
+}
+
+
+@pytest.mark.parametrize("body", list(BAD_BODIES.values()), ids=list(BAD_BODIES))
+def test_bad_chat_bodies(router_app, session, body):
+    before, calls = router_app.record(session["session_id"]), len(router_app.engine_log)
+    r = httpx.post(
+        session["base_url"] + "/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert_openai_error(r, 400)
+    assert router_app.record(session["session_id"]) == before and len(router_app.engine_log) == calls
+
+
+def test_bad_message_later_in_an_episode(router_app, session):
+    """Only new messages are validated on an extending turn; they still are."""
+    first = httpx.post(session["base_url"] + "/chat/completions", json=GOOD).json()["choices"][0]["message"]
+    before = router_app.record(session["session_id"])
+    messages = [*GOOD["messages"], first, {"role": "tool", "content": "no id"}]
+    r = httpx.post(session["base_url"] + "/chat/completions", json={**GOOD, "messages": messages})
+    assert "messages.2" in assert_openai_error(r, 400)["param"]
+    assert router_app.record(session["session_id"]) == before
+
+
+def test_context_length_exceeded(router_app, session):
+    before = router_app.record(session["session_id"])
+    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="t", messages=GOOD["messages"], max_tokens=10**6)
+    assert e.value.code == "context_length_exceeded"
+    long = [{"role": "user", "content": "1 " * 5000}]
+    r = httpx.post(session["base_url"] + "/chat/completions", json={**GOOD, "messages": long, "max_tokens": None})
+    assert_openai_error(r, 400, "context_length_exceeded")
+    assert router_app.record(session["session_id"]) == before
+
+
+def test_unknown_session_keys(router_app):
+    r = httpx.post(router_app.url + "/s/sk-slimeish-nope/v1/chat/completions", json=GOOD)
+    assert_openai_error(r, 401, "invalid_api_key")
+    r = httpx.post(
+        router_app.url + "/v1/chat/completions", json=GOOD, headers={"Authorization": "Bearer sk-slimeish-x"}
+    )
+    assert_openai_error(r, 401, "invalid_api_key")
+    r = httpx.post(router_app.url + "/sessions/sess_nope/finish", json={}, headers=router_app.admin)
+    assert_openai_error(r, 404, "session_not_found")
+
+
+def test_anonymous_requests_are_served_but_not_logged(router_app):
+    turns_before = sum(len(t) for t in router_app.store.turns.values())
+    r = httpx.post(router_app.url + "/v1/chat/completions", json=GOOD, headers={"Authorization": "Bearer EMPTY"})
+    assert r.status_code == 200 and r.json()["choices"]
+    assert sum(len(t) for t in router_app.store.turns.values()) == turns_before
+
+
+def test_sessions_are_isolated(router_app, session):
+    other = router_app.new_session()
+    before = router_app.record(session["session_id"])
+    # another session's key cannot finish or read this one
+    for headers in ({"Authorization": f"Bearer {other['api_key']}"}, {}):
+        r = httpx.post(f"{router_app.url}/sessions/{session['session_id']}/finish", json={}, headers=headers)
+        assert_openai_error(r, 401)
+        assert_openai_error(httpx.get(f"{router_app.url}/sessions/{session['session_id']}", headers=headers), 401)
+    # a turn through the other key lands in the other session only
+    httpx.post(other["base_url"] + "/chat/completions", json=GOOD).raise_for_status()
+    assert router_app.record(session["session_id"]) == before
+    assert router_app.record(other["session_id"])["turns"] == 1
+    assert other["api_key"] != session["api_key"] and len(other["api_key"]) > 40
+
+
+def test_finished_session_refuses_turns(router_app, session):
+    url = f"{router_app.url}/sessions/{session['session_id']}/finish"
+    assert_openai_error(httpx.post(url, json={"status": "done?"}, headers=router_app.admin), 400)
+    httpx.post(url, json={"reward": 0.0, "status": "truncated"}, headers=router_app.admin).raise_for_status()
+    assert_openai_error(httpx.post(session["base_url"] + "/chat/completions", json=GOOD), 409, "session_finished")
+    assert_openai_error(httpx.post(url, json={}, headers=router_app.admin), 409, "session_finished")
+    assert router_app.store.finished[session["session_id"]][:2] == (0.0, "truncated")
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/sessions"),
+        ("GET", "/admin/engines"),
+        ("POST", "/admin/engines"),
+        ("DELETE", "/admin/engines"),
+        ("POST", "/admin/pause_generation"),
+        ("POST", "/admin/continue_generation"),
+        ("POST", "/admin/flush_cache"),
+        ("POST", "/admin/update_weights_from_disk"),
+        ("POST", "/admin/update_weights_from_tensor"),
+    ],
+)
+def test_admin_needs_the_token(router_app, method, path):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {ADMIN_TOKEN}x"}):
+        assert_openai_error(httpx.request(method, router_app.url + path, json={}, headers=headers), 401)
+
+
+def test_admin_engine_list_and_fan_out(router_app):
+    engines = httpx.get(router_app.url + "/admin/engines", headers=router_app.admin).json()["engines"]
+    assert len(engines) == 1 and engines[0]["healthy"]
+    for name in ("pause_generation", "continue_generation", "flush_cache"):
+        r = httpx.post(f"{router_app.url}/admin/{name}", headers=router_app.admin).json()
+        assert r["ok"] and r["engines"][0]["url"] == engines[0]["url"]
+    bad = httpx.post(router_app.url + "/admin/engines", json={"url": "ftp://x"}, headers=router_app.admin)
+    assert_openai_error(bad, 400)
+    gone = httpx.request(
+        "DELETE", router_app.url + "/admin/engines", json={"url": "http://nope"}, headers=router_app.admin
+    )
+    assert_openai_error(gone, 404, "engine_not_found")
