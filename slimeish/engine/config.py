@@ -22,6 +22,9 @@ class EngineConfig:
         None, help="max prompt + output tokens per sequence (default: the model's, capped at 4096)"
     )
     max_prefill_tokens: int = help_field(8192, help="prompt tokens admitted (prefilled) in one step at most")
+    cpu_threads: int = help_field(
+        1, help="torch intra-op threads on CPU; small models decode fastest with 1; threads on busy cores stall"
+    )
     served_model_name: str | None = help_field(None, help="model id reported by /v1/models (default: --model)")
     weight_version: str = help_field("0", help="initial weight version reported in meta_info.weight_version")
     log_level: str = help_field("warning", help="uvicorn log level")

@@ -60,6 +60,8 @@ class ModelRunner:
         cfg = self.model.config
         if cfg.model_type not in _SUPPORTED_TYPES:
             raise ValueError(f"model_type {cfg.model_type!r} is not supported; expected one of {_SUPPORTED_TYPES}")
+        if getattr(cfg, "use_sliding_window", False):
+            raise ValueError("sliding-window attention is not supported by the embedded engine")
         self.vocab_size = int(cfg.vocab_size)
         self.context_length = min(context_length or min(cfg.max_position_embeddings, 4096), cfg.max_position_embeddings)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -67,7 +69,6 @@ class ModelRunner:
             cfg.num_hidden_layers, rows, cfg.num_key_value_heads, self.context_length, head_dim,
             self.model.dtype, self.device,
         )  # fmt: skip
-        self._layer_types = sorted(set(getattr(cfg, "layer_types", None) or ["full_attention"]))
         self._arange = torch.arange(self.context_length, device=self.device)
 
     @torch.inference_mode()
@@ -86,7 +87,7 @@ class ModelRunner:
         hidden = self.model.model(
             input_ids=ids,
             position_ids=positions,
-            attention_mask=dict.fromkeys(self._layer_types, visible[:, None]),
+            attention_mask=visible[:, None],  # a 4D mask is used as given by every HF model's mask builder
             past_key_values=self.cache,
             use_cache=True,
         ).last_hidden_state

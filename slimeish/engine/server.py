@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -48,6 +49,8 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig):
         self.cfg = cfg
+        if cfg.device == "cpu":
+            torch.set_num_threads(cfg.cpu_threads)
         self.runner = ModelRunner(
             cfg.model, device=cfg.device, dtype=cfg.dtype, rows=cfg.max_running_requests,
             context_length=cfg.context_length,

@@ -8,8 +8,13 @@ real contract. The sglang module is imported lazily: it is a test-time dependenc
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
+import sys
 from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -17,12 +22,18 @@ class SchemaError(ValueError):
     """A message that SGLang's schema rejects, or that lacks what the slimeish contract needs."""
 
 
-def _api():
-    try:
-        from sglang.api.v1 import api_types
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("SGLang's schema needs the sglang wheel: pip install --no-deps sglang") from e
-    return api_types
+@functools.cache
+def _api() -> ModuleType:
+    """Load `sglang/api/v1/api_types.py` by file: `import sglang` would pull in its CUDA runtime."""
+    spec = importlib.util.find_spec("sglang")  # locates the package without executing its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("SGLang's schema needs the sglang wheel: pip install --no-deps sglang")
+    path = Path(spec.submodule_search_locations[0]) / "api" / "v1" / "api_types.py"
+    module_spec = importlib.util.spec_from_file_location("_sglang_api_types", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # msgspec resolves the Structs' forward references here
+    module_spec.loader.exec_module(module)
+    return module
 
 
 def validate_generate_request(body: dict) -> Any:

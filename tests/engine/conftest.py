@@ -26,6 +26,12 @@ def start_engine(model: Path, log_dir: Path, *extra: str) -> tuple[ManagedProces
 
 
 @pytest.fixture(scope="session")
+def engine_starter():
+    """`start_engine(model, log_dir, *flags) -> (process, url)`; the caller stops the process."""
+    return start_engine
+
+
+@pytest.fixture(scope="session")
 def engine_url(tiny_model, tmp_path_factory) -> Iterator[str]:
     """A shared engine serving the default tiny model; tests must not change its weights."""
     proc, url = start_engine(tiny_model, tmp_path_factory.mktemp("engine-logs"))
