@@ -119,3 +119,28 @@ def router_app(tiny_model, engine_url) -> Iterator[RouterUnderTest]:
         config = RouterConfig(model=tiny_model, engine=[proxy.url], admin_token=ADMIN_TOKEN, allow_anonymous=True)
         with ThreadServer(create_app(config, store=store)) as router:
             yield RouterUnderTest(router.url, store, log, {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+
+
+@pytest.fixture
+def router_factory(tiny_model) -> Iterator:
+    """`make(engine_urls, **config)` starts an in-process router; all are stopped after the test."""
+    servers: list[ThreadServer] = []
+
+    def make(engines: list[str], **overrides) -> RouterUnderTest:
+        store = MemoryStore()
+        config = RouterConfig(model=tiny_model, engine=engines, admin_token=ADMIN_TOKEN, **overrides)
+        server = ThreadServer(create_app(config, store=store)).__enter__()
+        servers.append(server)
+        return RouterUnderTest(server.url, store, [], {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+
+    yield make
+    for server in servers:
+        server.__exit__()
+
+
+@pytest.fixture
+def extra_engine(tiny_model, tmp_path) -> Iterator[tuple[ManagedProcess, str]]:
+    """A second real engine owned by one test (which may kill it)."""
+    proc, url = start_engine(tiny_model, tmp_path, "extra")
+    yield proc, url
+    proc.stop()
