@@ -1,0 +1,40 @@
+"""`slimeish router` as a real process writing through to the Redis buffer."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+
+from buffer.client import Buffer
+from buffer.server import EmbeddedServer
+from slimeish.procs import ManagedProcess, free_port, wait_http
+
+
+async def test_router_process_writes_turns_through_to_the_buffer(tiny_model, engine_url, tmp_path):
+    port = free_port()
+    with EmbeddedServer(tmp_path / "buffer") as valkey:
+        args = ["router", "--model", str(tiny_model), "--engine", engine_url, "--port", str(port),
+                "--buffer-url", valkey.url, "--run-id", "r1", "--admin-token", "t"]  # fmt: skip
+        with ManagedProcess.slimeish(*args, log_path=tmp_path / "router.log") as proc:
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url + "/health", timeout=60, proc=proc.proc)
+            admin = {"Authorization": "Bearer t"}
+            session = httpx.post(url + "/sessions", json={"group_id": "g", "index": 0, "group_size": 1},
+                                 headers=admin).json()  # fmt: skip
+            assert session["base_url"] == f"{url}/s/{session['api_key']}/v1"
+            client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+            messages = [{"role": "user", "content": "hi"}]
+            for _ in range(2):
+                r = await client.chat.completions.create(model="t", messages=messages, max_tokens=4)
+                messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
+            await client.close()
+            async with Buffer(valkey.url, "r1") as buffer:
+                turns = await buffer.turns(session["session_id"])  # written as each turn completed
+                assert [t.turn_index for t in turns] == [0, 1]
+                finish = httpx.post(f"{url}/sessions/{session['session_id']}/finish", json={"reward": 1.0},
+                                    headers=admin)  # fmt: skip
+                assert finish.status_code == 200, finish.text
+                (sample,) = await buffer.session_samples(session["session_id"])
+        assert sample.tokens == turns[0].prompt_ids + turns[0].output_ids + turns[1].prompt_ids + turns[1].output_ids
+        assert sample.reward == 1.0 and sample.weight_versions == [0]
+        assert sum(sample.loss_mask) == len(turns[0].output_ids) + len(turns[1].output_ids)
