@@ -1,8 +1,10 @@
 """Optimizer and learning-rate schedule.
 
 CPU: `torch.optim.AdamW` (Megatron's optimizers allocate their buffers on CUDA). GPU: Megatron's
-optimizer over a Megatron DDP-wrapped model (mixed precision, distributed optimizer state over DP).
-The schedule writes `lr` into the param groups itself, so it drives either optimizer.
+optimizer over a Megatron DDP-wrapped model (fp32 master weights for bf16). The GPU path
+all-reduces gradients and keeps full optimizer state per rank (no distributed optimizer), so
+`state_dict()` / `load_state_dict()` checkpoint it like a torch optimizer. The schedule writes
+`lr` into the param groups itself, so it drives either optimizer.
 """
 
 from __future__ import annotations
@@ -46,12 +48,12 @@ def wrap_gpu_model(model: torch.nn.Module):
     """Megatron DDP: bucketed gradient all-reduce over the data-parallel group, fp32 grad buffers."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
     return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
 
 def build_gpu_optimizer(ddp_model, cfg: TrainerConfig):
-    """Megatron's distributed AdamW (fp32 master weights when the model is bf16)."""
+    """Megatron's AdamW with gradient clipping (fp32 master weights when the model is bf16)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     opt_config = OptimizerConfig(
@@ -65,6 +67,6 @@ def build_gpu_optimizer(ddp_model, cfg: TrainerConfig):
         clip_grad=cfg.clip_grad,
         bf16=cfg.dtype == "bfloat16",
         params_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32,
-        use_distributed_optimizer=True,
+        use_distributed_optimizer=False,
     )
     return get_megatron_optimizer(opt_config, [ddp_model])
