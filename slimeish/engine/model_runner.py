@@ -79,20 +79,27 @@ class ModelRunner:
         """
         n, width = len(tokens), max(map(len, tokens))
         ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=self.device)
-        start = torch.tensor(starts, device=self.device)[:, None]
-        positions = start + self._arange[:width]
+        positions = torch.tensor(starts, device=self.device)[:, None] + self._arange[:width]
         kv_len = max(starts) + width
-        visible = self._arange[None, None, :kv_len] <= positions[:, :, None]
+        # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
+        visible = (self._arange[:kv_len] <= positions[:, :, None])[:, None]
         self.cache._set_step(first_row, positions, kv_len)
-        hidden = self.model.model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=visible[:, None],  # a 4D mask is used as given by every HF model's mask builder
-            past_key_values=self.cache,
-            use_cache=True,
-        ).last_hidden_state
-        last = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
-        return self.model.lm_head(hidden[torch.arange(n, device=self.device), last]).float()
+        # The decoder stack driven directly (as `model.model.forward` does), minus its per-call
+        # mask building and output bookkeeping, which cost more than the layers for small models.
+        inner = self.model.model
+        hidden = inner.embed_tokens(ids)
+        rope = inner.rotary_emb(hidden, positions)
+        for layer in inner.layers:
+            hidden = layer(
+                hidden, attention_mask=visible, position_ids=positions, past_key_values=self.cache,
+                position_embeddings=rope,
+            )  # fmt: skip
+        if width == 1:
+            last = hidden[:, 0]
+        else:
+            ends = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
+            last = hidden[torch.arange(n, device=self.device), ends]
+        return self.model.lm_head(inner.norm(last)).float()
 
     def move_row(self, src: int, dst: int) -> None:
         self.cache.move_row(src, dst)
