@@ -24,9 +24,9 @@ from buffer.codec import decode_sample, decode_turn, encode_sample, encode_turn
 from buffer.config import FILTER_SIGNATURE, BufferConfig
 from buffer.errors import BufferInputError, UnknownSessionError, from_script_error
 from buffer.keys import CONSUMER_GROUP, Keys
-from buffer.records import Group, RegenerateRequest, SessionInfo, SessionStatus, Turn
+from buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, SessionStatus, Turn
 from buffer.rules import GroupFilter, Member, judge
-from buffer.segments import build_samples, check_next_turn
+from buffer.segments import PackedSample, build_samples, check_next_turn
 from buffer.stats import BufferStats, read_stats
 from slimeish.plugins import load_function
 from slimeish.types import Sample
@@ -68,7 +68,7 @@ class Buffer:
                 params=["group_id", "samples"],
                 is_async=False,
             )
-        self._turns: dict[str, list[Turn]] = {}  # turns this process appended to still-open sessions
+        self._turns: dict[str, list[PackedTurn]] = {}  # turns this process appended to still-open sessions
         self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
         self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
         self._consumer_group_made = False
@@ -99,20 +99,20 @@ class Buffer:
 
     async def append_turn(self, turn: Turn) -> bool:
         """Store one turn. Turns arrive in order; a retried identical turn is stored once (returns False)."""
-        turn.validate()
+        packed = turn.pack()
         cached = self._turns.get(turn.session_id, [])
         previous = cached[turn.turn_index - 1] if 0 < turn.turn_index <= len(cached) else None
         if turn.turn_index and previous is None:
             previous = await self._load_turn(turn.session_id, turn.turn_index - 1)
-        check_next_turn(previous, turn)
+        check_next_turn(previous, packed)
         k = self.keys
         stored = await self._run(
             "APPEND_TURN",
             [k.session(turn.session_id), k.turns(turn.session_id), k.stats],
-            [turn.session_id, turn.turn_index, encode_turn(turn)],
+            [turn.session_id, turn.turn_index, encode_turn(packed)],
         )
         if stored and len(cached) == turn.turn_index:
-            self._turns.setdefault(turn.session_id, cached).append(turn)
+            self._turns.setdefault(turn.session_id, cached).append(packed)
         return bool(stored)
 
     async def finish_session(
@@ -139,7 +139,7 @@ class Buffer:
         if fields[0] is None:
             raise UnknownSessionError(f"unknown session {session_id}")
         n_turns, gid = int(fields[1]), fields[5].decode()
-        samples: list[Sample] = []
+        samples: list[PackedSample] = []
         if fields[0] == b"open":
             turns = self._turns.get(session_id, [])
             if len(turns) != n_turns:  # appended by another process: read them back
@@ -147,7 +147,7 @@ class Buffer:
             sample_meta = {**orjson.loads(fields[4]), **(metadata or {}), "group_id": gid}
             samples = build_samples(
                 turns,
-                status=Sample.Status(status.value),
+                status=status.value,
                 index=int(fields[2]),
                 group_index=int(fields[3]),
                 metadata=sample_meta,
@@ -160,9 +160,7 @@ class Buffer:
         self._turns.pop(session_id, None)
         if not sealed:
             return await self.session_samples(session_id)
-        for s in samples:
-            s.reward = reward
-        return samples
+        return [s.to_sample(reward) for s in samples]
 
     async def fail_session(self, session_id: str, error: str = "") -> None:
         """Mark a session failed (never trained on); its group still completes."""
@@ -182,17 +180,17 @@ class Buffer:
 
     # ---- reads --------------------------------------------------------------------------------
 
-    async def _load_turn(self, session_id: str, turn_index: int) -> Turn | None:
+    async def _load_turn(self, session_id: str, turn_index: int) -> PackedTurn | None:
         data = await self.redis.hget(self.keys.turns(session_id), str(turn_index))
         return decode_turn(data) if data is not None else None
 
-    async def _load_turns(self, session_id: str) -> list[Turn]:
+    async def _load_turns(self, session_id: str) -> list[PackedTurn]:
         stored = await self.redis.hgetall(self.keys.turns(session_id))
         return sorted((decode_turn(v) for v in stored.values()), key=lambda t: t.turn_index)
 
     async def turns(self, session_id: str) -> list[Turn]:
         """All stored turns of a session, in order."""
-        return await self._load_turns(session_id)
+        return [t.to_turn() for t in await self._load_turns(session_id)]
 
     async def session_samples(self, session_id: str) -> list[Sample]:
         """The samples stored when the session was finished (reward included once it is set)."""
@@ -308,19 +306,21 @@ class Buffer:
 
     async def ack(self, group_ids: Iterable[str]) -> int:
         """Acknowledge trained groups (after the step is committed): never handed out again.
-        Returns how many were newly acknowledged; acknowledging twice is a no-op."""
-        return await self._per_group("ACK", group_ids, lambda gid: [gid, CONSUMER_GROUP, time.time()])
+
+        All or nothing: if one id is unknown or not handed out, none is acknowledged. Returns how
+        many were newly acknowledged; acknowledging a group twice is a no-op."""
+        return await self._per_batch("ACK", list(group_ids))
 
     async def give_back(self, group_ids: Iterable[str]) -> int:
-        """Return taken, unacknowledged groups to the queue so any consumer can take them again."""
-        return await self._per_group("GIVE_BACK", group_ids, lambda gid: [gid, CONSUMER_GROUP])
+        """Return taken, unacknowledged groups to the queue so any consumer can take them again (all or nothing)."""
+        return await self._per_batch("GIVE_BACK", list(group_ids))
 
-    async def _per_group(self, name: str, group_ids: Iterable[str], args: Any) -> int:
-        k = self.keys
-        done = 0
-        for gid in group_ids:  # one atomic script per group: a bad id does not undo the others
-            done += await self._run(name, [k.group(gid), k.ready, k.stats], args(gid))
-        return done
+    async def _per_batch(self, name: str, group_ids: list[str]) -> int:
+        if not group_ids:
+            return 0
+        await self._ensure_consumer_group()
+        keys = [self.keys.ready, self.keys.stats, *(self.keys.group(gid) for gid in group_ids)]
+        return await self._run(name, keys, [CONSUMER_GROUP, time.time(), *group_ids])
 
     async def pop_regenerate(self, n: int = 1) -> list[RegenerateRequest]:
         """Pop up to `n` requests to generate a stale group's prompt again (oldest first)."""

@@ -1,7 +1,7 @@
 """Compact binary encoding of turns and samples: msgpack with token arrays as packed bytes.
 
 Token ids are int32, log-probs float32 and the loss mask uint8, little-endian, so an 8k-token
-sample is ~72 KB instead of the ~150 KB of JSON text, and decoding is one `np.frombuffer` each.
+sample is ~64 KB instead of the ~150 KB of JSON text, and decoding is one `np.frombuffer` each.
 """
 
 from __future__ import annotations
@@ -11,73 +11,42 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from buffer.records import Turn
+from buffer.records import PackedTurn
+from buffer.segments import PackedSample
 from slimeish.types import Sample
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 I32, F32, U8 = np.dtype("<i4"), np.dtype("<f4"), np.dtype("u1")
+_TURN_ARRAYS = {"prompt_ids": I32, "output_ids": I32, "output_logprobs": F32}
+_SAMPLE_ARRAYS = {"tokens": I32, "loss_mask": U8, "rollout_log_probs": F32}
 
 
-def _pack(values: list[int] | list[float], dtype: np.dtype) -> bytes:
-    return np.asarray(values, dtype=dtype).tobytes()
+def encode_turn(turn: PackedTurn) -> bytes:
+    fields = {name: getattr(turn, name) for name in PackedTurn.__slots__}
+    for name, dtype in _TURN_ARRAYS.items():
+        fields[name] = fields[name].astype(dtype, copy=False).tobytes()
+    return _encoder.encode(fields)
 
 
-def _unpack(data: bytes, dtype: np.dtype) -> list:
-    return np.frombuffer(data, dtype=dtype).tolist()
+def decode_turn(data: bytes) -> PackedTurn:
+    fields = _decoder.decode(data)
+    for name, dtype in _TURN_ARRAYS.items():
+        fields[name] = np.frombuffer(fields[name], dtype=dtype)
+    return PackedTurn(**fields)
 
 
-def encode_turn(turn: Turn) -> bytes:
-    return _encoder.encode(
-        {
-            "session_id": turn.session_id,
-            "turn_index": turn.turn_index,
-            "segment_index": turn.segment_index,
-            "split_reason": turn.split_reason,
-            "prompt_ids": _pack(turn.prompt_ids, I32),
-            "output_ids": _pack(turn.output_ids, I32),
-            "output_logprobs": _pack(turn.output_logprobs, F32),
-            "weight_versions": turn.weight_versions,
-            "engine": turn.engine,
-            "finish_reason": turn.finish_reason,
-            "started_at": turn.started_at,
-            "finished_at": turn.finished_at,
-        }
-    )
-
-
-def decode_turn(data: bytes) -> Turn:
-    d = _decoder.decode(data)
-    d["prompt_ids"] = _unpack(d["prompt_ids"], I32)
-    d["output_ids"] = _unpack(d["output_ids"], I32)
-    d["output_logprobs"] = _unpack(d["output_logprobs"], F32)
-    return Turn(**d)
-
-
-def encode_sample(sample: Sample) -> bytes:
+def encode_sample(sample: PackedSample) -> bytes:
     """Everything of a sample except its reward, which lives on the session (set at finish or later)."""
-    return _encoder.encode(
-        {
-            "group_index": sample.group_index,
-            "index": sample.index,
-            "tokens": _pack(sample.tokens, I32),
-            "response_length": sample.response_length,
-            "loss_mask": _pack(sample.loss_mask or [], U8),
-            "rollout_log_probs": _pack(sample.rollout_log_probs or [], F32),
-            "weight_versions": sample.weight_versions,
-            "status": sample.status.value,
-            "metadata": sample.metadata,
-            "session_id": sample.session_id,
-            "segment_index": sample.segment_index,
-            "split_reason": sample.split_reason,
-        }
-    )
+    fields = {name: getattr(sample, name) for name in PackedSample.__slots__}
+    for name, dtype in _SAMPLE_ARRAYS.items():
+        fields[name] = fields[name].astype(dtype, copy=False).tobytes()
+    return _encoder.encode(fields)
 
 
 def decode_sample(data: bytes, reward: Any) -> Sample:
-    d = _decoder.decode(data)
-    d["tokens"] = _unpack(d["tokens"], I32)
-    d["loss_mask"] = _unpack(d["loss_mask"], U8)
-    d["rollout_log_probs"] = _unpack(d["rollout_log_probs"], F32)
-    d["status"] = Sample.Status(d["status"])
-    return Sample(reward=reward, **d)
+    fields = _decoder.decode(data)
+    for name, dtype in _SAMPLE_ARRAYS.items():
+        fields[name] = np.frombuffer(fields[name], dtype=dtype).tolist()
+    fields["status"] = Sample.Status(fields["status"])
+    return Sample(reward=reward, **fields)

@@ -35,7 +35,7 @@ class NotTakenError(BufferInputError):
 ERROR_CODES: dict[str, type[BufferInputError]] = {
     "BADINPUT": BufferInputError,
     "NOSESSION": UnknownSessionError,
-    "NOGROUP": UnknownGroupError,
+    "UNKNOWNGROUP": UnknownGroupError,  # not NOGROUP: Redis itself replies NOGROUP for a missing consumer group
     "FINISHED": SessionFinishedError,
     "CONFLICT": ConflictError,
     "NOTTAKEN": NotTakenError,

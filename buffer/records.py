@@ -8,13 +8,16 @@ concatenation of `prompt_ids + output_ids` over its turns.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+
 from buffer.errors import BufferInputError
 from slimeish.types import Sample
+
+_MAX_TOKEN_ID = 2**31 - 1  # stored as int32
 
 
 class SessionStatus(StrEnum):
@@ -59,6 +62,10 @@ class Turn:
 
     def validate(self) -> None:
         """Raise BufferInputError if the arrays of this turn disagree."""
+        self.pack()
+
+    def pack(self) -> PackedTurn:
+        """Validate and convert to numpy arrays, one vectorised pass per array (no per-token Python)."""
         where = f"session {self.session_id!r} turn {self.turn_index}"
         if self.turn_index < 0 or self.segment_index < 0:
             raise BufferInputError(f"{where}: turn_index and segment_index must be >= 0")
@@ -67,12 +74,76 @@ class Turn:
                 f"{where}: {len(self.output_ids)} output_ids but {len(self.output_logprobs)} output_logprobs"
                 " (every sampled token needs its log-prob)"
             )
-        if any(t < 0 for t in self.prompt_ids) or any(t < 0 for t in self.output_ids):
-            raise BufferInputError(f"{where}: token ids must be >= 0")
-        if not all(math.isfinite(lp) and lp <= 0.0 for lp in self.output_logprobs):
-            raise BufferInputError(f"{where}: output_logprobs must be finite and <= 0")
         if self.output_ids and not self.weight_versions:
             raise BufferInputError(f"{where}: output_ids need the weight_versions that produced them")
+        logprobs = _array(self.output_logprobs, np.float64, where, "output_logprobs")
+        if not np.all(np.isfinite(logprobs) & (logprobs <= 0.0)):
+            raise BufferInputError(f"{where}: output_logprobs must be finite and <= 0")
+        return PackedTurn(
+            session_id=self.session_id,
+            turn_index=self.turn_index,
+            segment_index=self.segment_index,
+            split_reason=self.split_reason,
+            prompt_ids=_token_ids(self.prompt_ids, where, "prompt_ids"),
+            output_ids=_token_ids(self.output_ids, where, "output_ids"),
+            output_logprobs=logprobs.astype(np.float32),
+            weight_versions=list(self.weight_versions),
+            engine=self.engine,
+            finish_reason=self.finish_reason,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
+
+
+def _array(values: list, dtype: type, where: str, name: str) -> np.ndarray:
+    try:
+        array = np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BufferInputError(f"{where}: {name} must be a flat list of numbers ({exc})") from None
+    if array.ndim != 1:
+        raise BufferInputError(f"{where}: {name} must be a flat list of numbers")
+    return array
+
+
+def _token_ids(values: list[int], where: str, name: str) -> np.ndarray:
+    ids = _array(values, np.int64, where, name)
+    if ids.size and (ids.min() < 0 or ids.max() > _MAX_TOKEN_ID):
+        raise BufferInputError(f"{where}: {name} must be token ids in [0, {_MAX_TOKEN_ID}]")
+    return ids.astype(np.int32)
+
+
+@dataclass(slots=True)
+class PackedTurn:
+    """A validated turn with numpy arrays (int32 ids, float32 log-probs): what is stored and sealed."""
+
+    session_id: str
+    turn_index: int
+    segment_index: int
+    split_reason: str | None
+    prompt_ids: np.ndarray
+    output_ids: np.ndarray
+    output_logprobs: np.ndarray
+    weight_versions: list[int]
+    engine: str
+    finish_reason: str
+    started_at: float
+    finished_at: float
+
+    def to_turn(self) -> Turn:
+        return Turn(
+            self.session_id,
+            self.turn_index,
+            self.segment_index,
+            self.split_reason,
+            self.prompt_ids.tolist(),
+            self.output_ids.tolist(),
+            self.output_logprobs.tolist(),
+            self.weight_versions,
+            self.engine,
+            self.finish_reason,
+            self.started_at,
+            self.finished_at,
+        )
 
 
 @dataclass(slots=True)

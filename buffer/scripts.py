@@ -130,36 +130,60 @@ return 1
 """
 )
 
-# KEYS: group, ready, stats
-# ARGV: group_id, consumer_group, now
-ACK = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return redis.error_reply('NOGROUP unknown group ' .. ARGV[1]) end
-if state == 'trained' then return 0 end
-local entry = redis.call('HGET', KEYS[1], 'entry')
-if not entry or redis.call('XACK', KEYS[2], ARGV[2], entry) == 0 then
-  return redis.error_reply('NOTTAKEN group ' .. ARGV[1] .. ' is ' .. state .. ' and not handed out')
+# Both check every group before changing any, so a batch is acknowledged (or given back) whole.
+_CHECK_TAKEN = """
+local function entry_if_taken(i, allow_trained)
+  local gid = ARGV[i + 2]
+  local state = redis.call('HGET', KEYS[i + 2], 'state')
+  if not state then return nil, 'UNKNOWNGROUP unknown group ' .. gid end
+  if state == 'trained' and allow_trained then return false end
+  local entry = redis.call('HGET', KEYS[i + 2], 'entry')
+  if state ~= 'ready' or #redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1) == 0 then
+    return nil, 'NOTTAKEN group ' .. gid .. ' is ' .. state .. ' and not handed out'
+  end
+  return entry
 end
-redis.call('XDEL', KEYS[2], entry)
-redis.call('HSET', KEYS[1], 'state', 'trained', 'trained_at', ARGV[3])
-redis.call('HINCRBY', KEYS[3], 'groups_trained', 1)
-return 1
+local entries = {}
+for i = 1, #KEYS - 2 do
+  local entry, err = entry_if_taken(i, ALLOW_TRAINED)
+  if err then return redis.error_reply(err) end
+  entries[i] = entry
+end
 """
 
-# KEYS: group, ready, stats
-# ARGV: group_id, consumer_group
-GIVE_BACK = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return redis.error_reply('NOGROUP unknown group ' .. ARGV[1]) end
-local entry = redis.call('HGET', KEYS[1], 'entry')
-if state ~= 'ready' or redis.call('XACK', KEYS[2], ARGV[2], entry) == 0 then
-  return redis.error_reply('NOTTAKEN group ' .. ARGV[1] .. ' is ' .. state .. ' and not handed out')
+# KEYS: ready, stats, group...    ARGV: consumer_group, now, group_id...
+ACK = (
+    "local ALLOW_TRAINED = true\n"
+    + _CHECK_TAKEN
+    + """
+local done = 0
+for i, entry in ipairs(entries) do
+  if entry then
+    redis.call('XACK', KEYS[1], ARGV[1], entry)
+    redis.call('XDEL', KEYS[1], entry)
+    redis.call('HSET', KEYS[i + 2], 'state', 'trained', 'trained_at', ARGV[2])
+    done = done + 1
+  end
 end
-redis.call('XDEL', KEYS[2], entry)
-redis.call('HSET', KEYS[1], 'entry', redis.call('XADD', KEYS[2], '*', 'group', ARGV[1]))
-redis.call('HINCRBY', KEYS[3], 'groups_given_back', 1)
-return 1
+redis.call('HINCRBY', KEYS[2], 'groups_trained', done)
+return done
 """
+)
+
+# KEYS: ready, stats, group...    ARGV: consumer_group, now, group_id...
+GIVE_BACK = (
+    "local ALLOW_TRAINED = false\n"
+    + _CHECK_TAKEN
+    + """
+for i, entry in ipairs(entries) do
+  redis.call('XACK', KEYS[1], ARGV[1], entry)
+  redis.call('XDEL', KEYS[1], entry)
+  redis.call('HSET', KEYS[i + 2], 'entry', redis.call('XADD', KEYS[1], '*', 'group', ARGV[i + 2]))
+end
+redis.call('HINCRBY', KEYS[2], 'groups_given_back', #entries)
+return #entries
+"""
+)
 
 # Never hand out this group again: acknowledge its entry, record why, maybe ask for regeneration.
 # KEYS: group, ready, stats, regenerate

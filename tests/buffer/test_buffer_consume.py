@@ -75,6 +75,16 @@ async def test_ack_of_a_group_not_handed_out_is_refused(buf: Buffer):
     assert (await buf.stats()).groups_waiting == 1
 
 
+async def test_ack_is_all_or_nothing(buf: Buffer):
+    await write_group(buf, "g1")
+    await buf.take_groups(1, "t")
+    with pytest.raises(UnknownGroupError):
+        await buf.ack(["g1", "typo"])
+    stats = await buf.stats()
+    assert (stats.groups_taken, stats.groups_trained) == (1, 0)
+    assert await buf.ack(["g1"]) == 1
+
+
 async def test_stale_groups_are_dropped_and_queued_for_regeneration(buf: Buffer, valkey, run_id):
     await write_group(buf, "old", version=1)
     await write_group(buf, "new", version=4)

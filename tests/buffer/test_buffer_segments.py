@@ -10,7 +10,17 @@ from buffer.codec import decode_sample, decode_turn, encode_sample, encode_turn
 from buffer.segments import build_samples, check_next_turn
 from slimeish.types import Sample
 
-DONE = Sample.Status.COMPLETED
+
+def samples(turns: list[Turn], status: str = "completed", **kw) -> list[Sample]:
+    packed = [t.pack() for t in turns]
+    built = build_samples(
+        packed,
+        status=status,
+        index=kw.get("index", 0),
+        group_index=kw.get("group_index", 0),
+        metadata=kw.get("metadata", {}),
+    )
+    return [b.to_sample(None) for b in built]
 
 
 def test_multi_turn_segment_masks_only_sampled_tokens():
@@ -18,25 +28,25 @@ def test_multi_turn_segment_masks_only_sampled_tokens():
         Turn("s", 0, 0, None, [10, 11, 12], [20, 21], [-0.1, -0.2], [3]),
         Turn("s", 1, 0, None, [30, 31], [40], [-0.4], [3, 4]),  # tool result, then more output
     ]
-    (sample,) = build_samples(turns, status=DONE, index=2, group_index=7, metadata={"k": 1})
+    (sample,) = samples(turns, index=2, group_index=7, metadata={"k": 1})
     assert sample.tokens == [10, 11, 12, 20, 21, 30, 31, 40]
     assert sample.response_length == 5 and sample.prompt_length == 3
     assert sample.loss_mask == [1, 1, 0, 0, 1]
-    assert sample.rollout_log_probs == [-0.1, -0.2, 0.0, 0.0, -0.4]
+    assert sample.rollout_log_probs == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.4])  # stored as float32
     assert sample.weight_versions == [3, 4]
     assert (sample.index, sample.group_index, sample.session_id, sample.segment_index) == (2, 7, "s", 0)
 
 
 def test_each_segment_becomes_one_sample_with_its_split_reason():
     turns = [turn("s", 0), turn("s", 1, prompt=[9]), turn("s", 2, seg=1, prompt=[7, 7], split_reason="history_edited")]
-    first, second = build_samples(turns, status=DONE, index=0, group_index=0, metadata={})
+    first, second = samples(turns)
     assert first.tokens == [1, 2, 3, 4, 5, 9, 4, 5] and first.split_reason is None
     assert second.tokens == [7, 7, 4, 5] and second.segment_index == 1 and second.split_reason == "history_edited"
     assert second.loss_mask == [1, 1]
 
 
 def test_failed_session_has_no_samples():
-    assert build_samples([turn("s", 0)], status=Sample.Status.FAILED, index=0, group_index=0, metadata={}) == []
+    assert samples([turn("s", 0)], status="failed") == []
 
 
 @pytest.mark.parametrize(
@@ -45,7 +55,9 @@ def test_failed_session_has_no_samples():
         (Turn("s", 0, 0, None, [1], [2, 3], [-0.1], [0]), "output_logprobs"),
         (Turn("s", 0, 0, None, [1], [2], [float("nan")], [0]), "finite"),
         (Turn("s", 0, 0, None, [1], [2], [-0.1], []), "weight_versions"),
-        (Turn("s", 0, 0, None, [1], [-2], [-0.1], [0]), ">= 0"),
+        (Turn("s", 0, 0, None, [1], [-2], [-0.1], [0]), "token ids in"),
+        (Turn("s", 0, 0, None, [1], [2**31], [-0.1], [0]), "token ids in"),
+        (Turn("s", 0, 0, None, [1], [[2]], [-0.1], [0]), "flat list"),
     ],
 )
 def test_inconsistent_turns_are_refused(bad, message):
@@ -54,21 +66,21 @@ def test_inconsistent_turns_are_refused(bad, message):
 
 
 def test_turn_order_and_segments_are_checked():
-    check_next_turn(None, turn("s", 0))
-    check_next_turn(turn("s", 0), turn("s", 1, seg=1, prompt=[5]))
+    first = turn("s", 0).pack()
+    check_next_turn(None, first)
+    check_next_turn(first, turn("s", 1, seg=1, prompt=[5]).pack())
     with pytest.raises(BufferInputError, match="segment_index 2"):
-        check_next_turn(turn("s", 0), turn("s", 1, seg=2))
+        check_next_turn(first, turn("s", 1, seg=2).pack())
     with pytest.raises(BufferInputError, match="no prompt_ids"):
-        check_next_turn(turn("s", 0), turn("s", 1, seg=1, prompt=[]))
+        check_next_turn(first, turn("s", 1, seg=1, prompt=[]).pack())
     with pytest.raises(BufferInputError, match="never appended"):
-        check_next_turn(None, turn("s", 3))
+        check_next_turn(None, turn("s", 3).pack())
 
 
 def test_codec_round_trips_and_is_compact():
     t = turn("s", 0, prompt=list(range(1000)), out=list(range(500)))
-    assert decode_turn(encode_turn(t)) == t
-    (sample,) = build_samples([t], status=DONE, index=0, group_index=0, metadata={"group_id": "g"})
-    blob = encode_sample(sample)
+    assert decode_turn(encode_turn(t.pack())).to_turn() == t  # -0.5 is exact in float32
+    (packed,) = build_samples([t.pack()], status="completed", index=0, group_index=0, metadata={"group_id": "g"})
+    blob = encode_sample(packed)
     assert len(blob) < 1500 * 4 + 500 * 5 + 300  # int32 tokens, uint8 mask, float32 log-probs, small header
-    sample.reward = 0.5
-    assert decode_sample(blob, 0.5) == sample
+    assert decode_sample(blob, 0.5) == packed.to_sample(0.5)

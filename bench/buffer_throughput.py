@@ -1,0 +1,121 @@
+"""Buffer throughput: samples/s written and taken, beside the raw ceiling of the same server.
+
+    .venv/bin/python -m bench.buffer_throughput [--tokens 1024 8192] [--samples 2000] [--appendfsync always]
+
+Write path per sample (one session of one turn, as the router does it): open_session,
+append_turn, finish_session (which seals the sample), `--concurrency` sessions in flight.
+Take path: take_groups + ack of groups of `--group-size`, decoding every sample to lists.
+Raw ceiling: pipelined SET / GET of byte strings as large as one stored sample, from the same
+client on the same embedded server (same fsync policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import random
+import tempfile
+import time
+
+from buffer import Buffer, EmbeddedServer, SessionInfo, Turn
+from buffer.codec import encode_sample
+from buffer.segments import build_samples
+from slimeish.types import Sample
+
+
+def make_turn(sid: str, tokens: int, rng: random.Random) -> Turn:
+    prompt = tokens // 4  # a quarter prompt, three quarters sampled response with log-probs
+    out = tokens - prompt
+    return Turn(
+        sid, 0, 0, None, [rng.randrange(150_000) for _ in range(prompt)], [rng.randrange(150_000) for _ in range(out)],
+        [-rng.random() * 5 for _ in range(out)], [3], engine="bench", finish_reason="stop",
+    )  # fmt: skip
+
+
+async def write(buf: Buffer, turns: list[Turn], group_size: int, concurrency: int) -> float:
+    async def one(i: int, turn: Turn) -> None:
+        await buf.open_session(SessionInfo(turn.session_id, f"g{i // group_size}", i % group_size, group_size))
+        await buf.append_turn(turn)
+        await buf.finish_session(turn.session_id, 1.0)
+
+    start = time.perf_counter()
+    for lo in range(0, len(turns), concurrency):
+        await asyncio.gather(*(one(i, turns[i]) for i in range(lo, min(lo + concurrency, len(turns)))))
+    return time.perf_counter() - start
+
+
+async def take(buf: Buffer, n_groups: int, batch: int) -> tuple[float, int]:
+    start, taken = time.perf_counter(), 0
+    while taken < n_groups:
+        groups = await buf.take_groups(batch, "bench")
+        assert groups, "ran out of groups"
+        await buf.ack([g.group_id for g in groups])
+        taken += len(groups)
+    return time.perf_counter() - start, taken
+
+
+async def raw(buf: Buffer, size: int, count: int, pipeline: int) -> tuple[float, float]:
+    """Pipelined SET then GET of `count` values of `size` bytes: the server+client ceiling."""
+    value, redis = random.randbytes(size), buf.redis
+    keys = [f"bench-raw:{i}" for i in range(count)]
+    start = time.perf_counter()
+    for lo in range(0, count, pipeline):
+        pipe = redis.pipeline(transaction=False)
+        for key in keys[lo : lo + pipeline]:
+            pipe.set(key, value)
+        await pipe.execute()
+    set_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for lo in range(0, count, pipeline):
+        pipe = redis.pipeline(transaction=False)
+        for key in keys[lo : lo + pipeline]:
+            pipe.get(key)
+        await pipe.execute()
+    get_s = time.perf_counter() - start
+    await redis.delete(*keys)
+    return set_s, get_s
+
+
+async def bench(url: str, tokens: int, n: int, args: argparse.Namespace) -> dict:
+    rng = random.Random(tokens)
+    turns = [make_turn(f"s{i}", tokens, rng) for i in range(n)]
+    (sample,) = build_samples(turns[:1], status=Sample.Status.COMPLETED, index=0, group_index=0, metadata={})
+    size = len(encode_sample(sample))
+    async with Buffer(url, f"bench{tokens}") as buf:
+        write_s = await write(buf, turns, args.group_size, args.concurrency)
+        take_s, groups = await take(buf, n // args.group_size, args.take_batch)
+        set_s, get_s = await raw(buf, size, n, args.pipeline)
+    return {
+        "tokens": tokens, "samples": n, "sample_bytes": size,
+        "write": n / write_s, "take": groups * args.group_size / take_s, "raw_set": n / set_s, "raw_get": n / get_s,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192])
+    parser.add_argument("--samples", type=int, default=2000, help="samples per size (1/4 of that for 8k+)")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=64, help="sessions written at once")
+    parser.add_argument("--take-batch", type=int, default=8, help="groups per take_groups call")
+    parser.add_argument("--pipeline", type=int, default=64, help="commands per raw pipeline")
+    parser.add_argument("--appendfsync", default="always", choices=["always", "everysec", "no"])
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
+          f"appendfsync={args.appendfsync}")  # fmt: skip
+    print("| tokens | sample bytes | written/s | taken/s | raw SET/s | raw GET/s | write % | take % |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedServer(tmp, appendfsync=args.appendfsync) as server:
+        for tokens in args.tokens:
+            n = args.samples if tokens < 4096 else args.samples // 4
+            n -= n % args.group_size
+            r = asyncio.run(bench(server.url, tokens, n, args))
+            rates = [r["write"], r["take"], r["raw_set"], r["raw_get"]]
+            shares = [100 * r["write"] / r["raw_set"], 100 * r["take"] / r["raw_get"]]
+            cells = [str(tokens), str(r["sample_bytes"]), *(f"{x:.0f}" for x in rates), *(f"{x:.0f} %" for x in shares)]
+            print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
