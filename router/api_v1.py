@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from router import responses as R
@@ -114,7 +114,7 @@ def assistant_message(state: RouterState, gen: Generation, parse_tools: bool) ->
 
 def reply(body: dict, stream: bool, include_usage: bool, chat: bool) -> Response:
     if not stream:
-        return JSONResponse(body)
+        return R.json_response(body)
     events = R.chat_stream(body, include_usage) if chat else R.completion_stream(body, include_usage)
     return StreamingResponse(events, media_type="text/event-stream")
 
@@ -190,4 +190,4 @@ async def generate(request: Request, api_key: str) -> Response:
     gens = await run_turn(state, session, plan, params, forwarded)
     await state.runner.record(session, plan, gens, [None] * len(gens), started)
     items = [g.raw for g in gens]
-    return JSONResponse(items if len(items) > 1 else items[0])
+    return R.json_response(items if len(items) > 1 else items[0])

@@ -8,11 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+from fastapi.responses import Response
 
 from router.render import ChatRenderer
 from router.turns import Generation
 
 _FINISH = {"stop": "stop", "length": "length"}
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status, media_type="application/json")
 
 
 def new_id(prefix: str) -> str:

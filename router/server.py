@@ -21,6 +21,7 @@ from router.engine_pool import EnginePool, EngineRejected, NoEngineError
 from router.metrics import RouterMetrics
 from router.openai_api import APIError
 from router.render import ChatRenderer
+from router.responses import json_response
 from router.sessions import SessionRegistry
 from router.state import RouterState, get_state
 from router.storage import MemoryStore, TurnStore
@@ -79,43 +80,56 @@ def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
     return app
 
 
-def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+def _error(e: APIError) -> Response:
+    return json_response(e.body(), e.status)
 
 
 def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> JSONResponse:
+    async def api_error(_: Request, e: APIError) -> Response:
         return _error(e)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def validation_error(_: Request, e: RequestValidationError) -> Response:
         return _error(APIError(400, str(e.errors()[0].get("msg", e))))
 
     @app.exception_handler(NoEngineError)
-    async def no_engine(_: Request, e: NoEngineError) -> JSONResponse:
+    async def no_engine(_: Request, e: NoEngineError) -> Response:
         return _error(APIError(503, str(e), type="server_error", code="no_healthy_engine"))
 
     @app.exception_handler(EngineRejected)
-    async def rejected(_: Request, e: EngineRejected) -> JSONResponse:
+    async def rejected(_: Request, e: EngineRejected) -> Response:
         return _error(APIError(400, str(e), code="engine_rejected"))
 
 
-def _endpoint(request: Request) -> str:
-    route = request.scope.get("route")
-    return getattr(route, "path", "unmatched").replace("/s/{api_key}", "")
+class MetricsMiddleware:
+    """Counts requests by endpoint and status and times them (plain ASGI: no per-request task)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            state = scope["app"].state.router
+            route = scope.get("route")
+            endpoint = getattr(route, "path", "unmatched").replace("/s/{api_key}", "")
+            state.metrics.requests.labels(endpoint, str(status[0])).inc()
+            state.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
 
 
 def _install_observability(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def count(request: Request, call_next) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        metrics = get_state(request).metrics
-        endpoint = _endpoint(request)
-        metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(MetricsMiddleware)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
