@@ -128,7 +128,7 @@ class WeightSync:
             if r.status_code != 200:
                 raise WeightSyncError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
             data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-            if isinstance(data, dict) and data.get("success") is False:
+            if isinstance(data, dict) and (data.get("success") is False or data.get("ok") is False):
                 raise WeightSyncError(f"{url}: {data.get('message', data)}")
             replies.append(data)
         return replies

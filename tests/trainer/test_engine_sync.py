@@ -6,6 +6,7 @@ import pytest
 import torch
 from trainer_helpers import engine_samples
 
+from slimeish.procs import ManagedProcess, free_port, wait_http
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError
@@ -76,6 +77,28 @@ def test_sync_reports_engine_errors(engine, tmp_path):
         sync.sync(Broken())
     _, versions = engine_samples(url, PROMPTS[:1], group_size=1, max_new_tokens=2)
     assert versions == before  # generation was continued and the version kept
+
+
+def test_sync_through_router_admin_fan_out(engine, tiny_model, tmp_path):
+    """The same client through the router's /admin endpoints (bearer admin token)."""
+    port, token = free_port(), "admin-secret"
+    argv = ["router", "--model", str(tiny_model), "--engine", engine, "--port", str(port), "--admin-token", token]
+    with ManagedProcess.slimeish(*argv, log_path=tmp_path / "router.log") as router:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", timeout=60, proc=router.proc)
+        trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=1e-2))
+        samples, _ = engine_samples(engine, PROMPTS, group_size=2, max_new_tokens=6)
+        for i, s in enumerate(samples):
+            s.reward = float(i % 2)
+        trainer.train_step(samples)
+        trainer.state.weight_version = 40 + trainer.weight_version  # distinct from the other tests' versions
+        with WeightSync(WeightSyncConfig(router_url=url, admin_token="wrong")) as sync, pytest.raises(WeightSyncError):
+            sync.sync(trainer)
+        with WeightSync(WeightSyncConfig(router_url=url, admin_token=token)) as sync:
+            sync.sync(trainer)
+    fresh, versions = engine_samples(engine, PROMPTS, group_size=1, max_new_tokens=6)
+    assert versions == {str(trainer.weight_version)}
+    assert _max_abs_diff(trainer, fresh) <= 1e-4
 
 
 def test_sync_config_needs_one_target():
