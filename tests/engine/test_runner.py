@@ -15,8 +15,17 @@ from slimeish.engine.scheduler import Scheduler
 def test_continuous_batch_logprobs_match_hf_for_each_family(tiny_model_factory, arch):
     """Sequences of different lengths join and leave the batch (rows get compacted) and still
     report exactly the logprobs of a full forward over prompt + output."""
-    path = tiny_model_factory(arch)
-    runner = ModelRunner(str(path), device="cpu", dtype="auto", rows=4, context_length=256)
+    check_continuous_batch(tiny_model_factory(arch), "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_continuous_batch_on_cuda(tiny_model):
+    check_continuous_batch(tiny_model, "cuda")
+
+
+def check_continuous_batch(path, device: str) -> None:
+    runner = ModelRunner(str(path), device=device, dtype="float32", rows=4, context_length=256)
     sched = Scheduler(runner, max_rows=3, max_prefill_tokens=64, weight_version="0")
     finished = []
     prompts = [[5, 6, 7], [9] * 11, [3, 1, 4, 1, 5], [2, 7], [8, 8, 8, 8]]

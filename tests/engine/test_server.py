@@ -99,7 +99,7 @@ def test_sampling_seed_reproduces_and_stops_apply(client, tiny_model):
 
 
 def test_short_request_finishes_while_long_one_decodes(client):
-    long_body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+    long_body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2500, "ignore_eos": True}}
     short_body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         long_future = pool.submit(client.post, "/generate", json=long_body)
@@ -107,7 +107,7 @@ def test_short_request_finishes_while_long_one_decodes(client):
         assert not long_future.done()
         short = client.post("/generate", json=short_body)
         assert short.status_code == 200 and not long_future.done()
-        assert len(long_future.result().json()["output_ids"]) == 1500
+        assert len(long_future.result().json()["output_ids"]) == 2500
 
 
 def test_abort_request_finishes_with_abort(client):
