@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from buffer import scripts
+from buffer.batching import ScriptBatcher
 from buffer.codec import decode_sample, decode_turn, encode_sample, encode_turn
 from buffer.config import FILTER_SIGNATURE, BufferConfig
 from buffer.errors import BufferInputError, UnknownSessionError, from_script_error
@@ -60,6 +61,7 @@ class Buffer:
         self.config = config or BufferConfig()
         self.redis = Redis.from_url(url)  # uses the hiredis parser when it is installed
         self._scripts = {name: self.redis.register_script(getattr(scripts, name)) for name in _SCRIPTS}
+        self._batcher = ScriptBatcher(self.redis)
         self._filter: GroupFilter | None = None
         if self.config.group_filter_path:
             self._filter = load_function(
@@ -84,6 +86,8 @@ class Buffer:
 
     async def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
         try:
+            if client is None:
+                return await self._batcher.call(self._scripts[name], keys, args)
             return await self._scripts[name](keys=keys, args=args, client=client)
         except ResponseError as exc:
             raise from_script_error(str(exc)) or exc from None
