@@ -172,7 +172,8 @@ def rope_inv_freq(hf_config) -> Tensor:
     return inv_freq.float()
 
 
-def layer_spec(use_gpu: bool, qk_norm: bool) -> ModuleSpec:
+def layer_spec(qk_norm: bool) -> ModuleSpec:
+    """Megatron's local (no Transformer Engine) layer spec with SDPA as core attention."""
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec
@@ -199,7 +200,7 @@ def build_gpt_model(
 
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(use_gpu, shape.qk_norm),
+        transformer_layer_spec=layer_spec(shape.qk_norm),
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -60,6 +60,16 @@ def engine(engine_factory, tiny_model):
     return engine_factory(tiny_model)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_on_policy_log_probs_other_families(tiny_model_factory, engine_factory, arch):
+    """Untied embeddings (llama) and qk-norm (qwen3) agree with the engine as well."""
+    model = tiny_model_factory(arch)
+    url = engine_factory(model)
+    trainer = Trainer(TrainerConfig(model_path=model), LossConfig(old_log_probs="rollout"))
+    samples, _ = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=10)
+    assert _max_abs_diff(trainer, samples) <= 1e-4
+
+
 def test_sync_reports_engine_errors(engine, tmp_path):
     url = engine
     _, before = engine_samples(url, PROMPTS[:1], group_size=1, max_new_tokens=2)
