@@ -226,8 +226,12 @@ class Trainer:
         return hf_io.gather_hf_state_dict(self._policy(), self.shape)
 
     def export_hf(self, out_dir: str | Path) -> Path:
-        """A HF checkpoint directory that `from_pretrained` and SGLang load."""
-        return hf_io.write_hf_checkpoint(self.hf_state_dict(), Path(out_dir), self.config.model_path)
+        """A HF checkpoint directory that `from_pretrained` and SGLang load (written by global rank 0;
+        every rank must call it, since gathering tensor-parallel shards is a collective)."""
+        state = self.hf_state_dict()
+        if _global_rank() == 0:
+            hf_io.write_hf_checkpoint(state, Path(out_dir), self.config.model_path)
+        return Path(out_dir)
 
     def save(self, out_dir: str | Path, data_state: dict[str, Any] | None = None) -> Path:
         if data_state is not None:

@@ -11,6 +11,11 @@ Update methods:
   travel through JSON.
 - `disk`: the trainer exports a HF checkpoint directory and engines load it (`model_path`); works
   across hosts given a shared filesystem.
+- `distributed`: GPU engines only (SGLang); tensors are broadcast over an NCCL group from trainer
+  rank 0 (`nccl_broadcast.py`). Needs `engine_urls`.
+
+With several trainer ranks every rank calls `sync` (gathering tensor-parallel shards is a
+collective); only global rank 0 talks to the engines.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 from safetensors.torch import save_file
 
 from slimeish.config import help_field
+from slimeish.procs import free_port
 
 
 @dataclass(kw_only=True)
@@ -34,16 +40,25 @@ class WeightSyncConfig:
     router_url: str | None = help_field(None, help="router base URL: sync through its /admin fan-out")
     admin_token: str | None = help_field(None, help="router admin token (Authorization: Bearer)")
     engine_urls: list[str] = help_field([], help="engine base URLs to update directly (when no router)")
-    method: Literal["tensor", "disk"] = help_field("tensor", help="tensor: safetensors in shared memory; disk: HF dir")
+    method: Literal["tensor", "disk", "distributed"] = help_field(
+        "tensor",
+        help="tensor: safetensors in shared memory; disk: HF checkpoint dir; distributed: NCCL broadcast (GPU)",
+    )
     shm_dir: Path = help_field(Path("/dev/shm"), help="where the tensor method writes its safetensors file")
     disk_dir: Path | None = help_field(None, help="where the disk method exports checkpoints (default: a temp dir)")
     timeout_s: float = help_field(600.0, help="HTTP timeout of each call")
+    nccl_master_address: str = help_field(
+        "127.0.0.1", help="distributed: address of trainer rank 0, reachable by engines"
+    )
+    nccl_master_port: int | None = help_field(None, help="distributed: port of the NCCL rendezvous (default: free)")
 
     def __post_init__(self) -> None:
         if bool(self.router_url) == bool(self.engine_urls):
             raise ValueError("give exactly one of router_url and engine_urls")
         if self.router_url and not self.admin_token:
             raise ValueError("router_url needs admin_token")
+        if self.method == "distributed" and not self.engine_urls:
+            raise ValueError("method='distributed' talks to each engine: give engine_urls")
 
 
 class SyncSource(Protocol):
@@ -65,8 +80,16 @@ class WeightSync:
         headers = {"Authorization": f"Bearer {config.admin_token}"} if config.router_url else {}
         self._client = httpx.Client(timeout=config.timeout_s, headers=headers)
         self._disk_root = Path(config.disk_dir or tempfile.mkdtemp(prefix="slimeish-weights-"))
+        self._nccl = None
+        if config.method == "distributed":
+            from slimeish.trainer.nccl_broadcast import NcclWeightBroadcast
+
+            port = config.nccl_master_port or free_port()
+            self._nccl = NcclWeightBroadcast(config.engine_urls, self._client, config.nccl_master_address, port)
 
     def close(self) -> None:
+        if self._nccl is not None:
+            self._nccl.close()
         self._client.close()
 
     def __enter__(self) -> WeightSync:
@@ -77,6 +100,9 @@ class WeightSync:
 
     def sync(self, trainer: SyncSource) -> dict[str, float]:
         """Update every engine to the trainer's current weights; returns seconds per phase."""
+        if _global_rank() != 0:
+            trainer.hf_state_dict()  # take part in the tensor-parallel gather; rank 0 does the rest
+            return {}
         version = str(trainer.weight_version)
         timings: dict[str, float] = {}
         start = time.perf_counter()
@@ -85,9 +111,7 @@ class WeightSync:
             self._timed(timings, "pause", lambda: self._call("pause_generation", {"mode": "in_place"}))
             try:
                 self._timed(timings, "flush", lambda: self._call("flush_cache", {}))
-                endpoint = f"update_weights_from_{self.config.method}"
-                replies = self._timed(timings, "update", lambda: self._call(endpoint, payload))
-                _check_versions(replies, version)
+                self._timed(timings, "update", lambda: self._update(payload, version))
             finally:
                 self._timed(timings, "continue", lambda: self._call("continue_generation", {}))
         finally:
@@ -102,7 +126,16 @@ class WeightSync:
         timings[phase] = time.perf_counter() - t
         return result
 
+    def _update(self, payload: dict[str, Any], version: str) -> None:
+        if self._nccl is not None:
+            self._nccl.update(payload["state"], version)
+            return
+        replies = self._call(f"update_weights_from_{self.config.method}", payload)
+        _check_versions(replies, version)
+
     def _prepare(self, trainer: SyncSource, version: str) -> tuple[dict[str, Any], Any]:
+        if self.config.method == "distributed":
+            return {"state": trainer.hf_state_dict()}, lambda: None
         if self.config.method == "disk":
             out = trainer.export_hf(self._disk_root / f"v{version}")
             return {"model_path": str(out), "weight_version": version}, lambda: None
@@ -132,6 +165,10 @@ class WeightSync:
                 raise WeightSyncError(f"{url}: {data.get('message', data)}")
             replies.append(data)
         return replies
+
+
+def _global_rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 def _check_versions(replies: list[dict[str, Any]], version: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import torch
 from trainer_helpers import engine_samples
@@ -118,3 +119,16 @@ def test_sync_config_needs_one_target():
         WeightSyncConfig(router_url="http://x", engine_urls=["http://y"], admin_token="t")
     with pytest.raises(ValueError, match="admin_token"):
         WeightSyncConfig(router_url="http://x")
+    with pytest.raises(ValueError, match="engine_urls"):
+        WeightSyncConfig(router_url="http://x", admin_token="t", method="distributed")
+
+
+def test_nccl_buckets_respect_the_byte_bound():
+    from slimeish.trainer.nccl_broadcast import NcclWeightBroadcast
+
+    state = {f"w{i}": torch.zeros(n) for i, n in enumerate([10, 10, 30, 5, 50])}  # float32: 4 bytes each
+    with httpx.Client() as client:
+        nccl = NcclWeightBroadcast(["http://engine"], client, "127.0.0.1", 1, bucket_bytes=100)
+        buckets = [[name for name, _ in b] for b in nccl._buckets(state)]
+        nccl.close()
+    assert buckets == [["w0", "w1"], ["w2"], ["w3"], ["w4"]]  # a tensor over the bound goes alone
