@@ -131,6 +131,8 @@ class EnginePool:
         result: dict = {"url": engine.url, "ok": response.status_code == 200, "status_code": response.status_code}
         with contextlib.suppress(ValueError):
             result["response"] = response.json()
+        if isinstance(result.get("response"), dict) and result["response"].get("success") is False:
+            result["ok"] = False  # SGLang answers 200 with success=false for some failed updates
         return result
 
     async def weight_versions(self) -> dict[str, str | None]:

@@ -24,7 +24,9 @@ class RouterMetrics:
             "router_tool_call_parse_failures", "outputs with tool-call markup that did not parse", registry=r
         )
         self.engine_healthy = Gauge("router_engine_healthy", "1 if the engine is healthy", ["engine"], registry=r)
-        self.engine_retries = Counter("router_engine_retries", "requests retried on another engine", registry=r)
+        self.engine_failovers = Counter(
+            "router_engine_failovers", "sessions moved off their engine (it failed or was removed)", registry=r
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

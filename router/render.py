@@ -45,6 +45,8 @@ class ChatRenderer:
         return int(getattr(config, "max_position_embeddings", None) or self.tokenizer.model_max_length)
 
     def encode(self, text: str) -> list[int]:
+        if self.tokenizer.is_fast:  # the Rust tokenizer directly: same ids, half the per-call cost
+            return self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:

@@ -35,12 +35,22 @@ def usage(prompt_tokens: int, gens: list[Generation]) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
+def _token_entry(renderer: ChatRenderer, token_id: int, logprob: float) -> dict[str, Any]:
+    text = renderer.token_text(token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
 def chat_logprobs(renderer: ChatRenderer, gen: Generation) -> dict[str, Any]:
-    texts = renderer.tokenizer.batch_decode([[t] for t in gen.output_ids])
+    """OpenAI's shape; `top_logprobs` come from SGLang's `output_top_logprobs` when the engine
+    returned them (`[logprob, token_id, text]` per alternative)."""
+    tops = gen.raw.get("meta_info", {}).get("output_top_logprobs") or [None] * len(gen.output_ids)
     return {
         "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(texts, gen.logprobs, strict=True)
+            {
+                **_token_entry(renderer, token, lp),
+                "top_logprobs": [_token_entry(renderer, alt[1], alt[0]) for alt in top or []],
+            }
+            for token, lp, top in zip(gen.output_ids, gen.logprobs, tops, strict=True)
         ]
     }
 

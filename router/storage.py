@@ -73,15 +73,14 @@ class MemoryStore:
         pass
 
     def samples(self, session_id: str) -> list[Sample]:
+        """The samples the buffer would build (log-probs stored as float32, as there)."""
         info = self.sessions[session_id]
         reward, status, metadata = self.finished.get(session_id, (None, "completed", {}))
-        samples = build_samples(
-            self.turns[session_id],
-            status=Sample.Status(status),
+        packed = build_samples(
+            [t.pack() for t in self.turns[session_id]],
+            status=status,
             index=info.index,
             group_index=0,
             metadata={**info.metadata, **metadata},
         )
-        for sample in samples:
-            sample.reward = reward
-        return samples
+        return [p.to_sample(reward) for p in packed]

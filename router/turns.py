@@ -72,7 +72,7 @@ class TurnRunner:
         data, engine = await self.pool.generate(payload, sticky)
         if session is not None and session.engine != engine.url:
             if session.engine is not None:
-                self.metrics.engine_retries.inc()
+                self.metrics.engine_failovers.inc()
             self._move(session, engine.url)
         items = data if isinstance(data, list) else [data]
         return [parse_generation(item, engine.url) for item in items]

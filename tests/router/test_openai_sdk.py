@@ -11,6 +11,7 @@ import asyncio
 import itertools
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -43,7 +44,9 @@ def assert_exact_capture(sample, calls, renderer):
     final_request, final_response = calls[-1]
     assert sample.tokens == final_request["input_ids"] + final_response["output_ids"]
     assert sample.loss_mask == [1 if i in mask_at else 0 for i in range(sample.response_length)]
-    assert sample.rollout_log_probs == [mask_at.get(i, 0.0) for i in range(sample.response_length)]
+    # the buffer stores log-probs as float32
+    expected = np.float32([mask_at.get(i, 0.0) for i in range(sample.response_length)])
+    assert np.array_equal(np.float32(sample.rollout_log_probs), expected)
     sample.validate()
 
 
