@@ -14,6 +14,7 @@ pause), so paused requests resume where they were.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections import deque
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from slimeish.engine.model_runner import ModelRunner
 from slimeish.engine.protocol import SequenceRequest
 from slimeish.engine.sampling import RowSampling, sample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -99,7 +102,11 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self.step()
+            try:
+                self.step()
+            except Exception as e:  # answer the batch with the error instead of hanging every client
+                logger.exception("engine step failed; aborting running and waiting requests")
+                self.abort(None, f"engine error: {type(e).__name__}: {e}")
             await asyncio.sleep(0)  # let HTTP handlers run between steps
 
     def step(self) -> None:

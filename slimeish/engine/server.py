@@ -63,7 +63,7 @@ class Engine:
         self.model_name = cfg.served_model_name or cfg.model
 
     def tokenize(self, text: str) -> list[int]:
-        return self.runner.tokenizer.encode(text, add_special_tokens=False)
+        return self.runner.tokenizer.encode(text)  # as SGLang does: special tokens (e.g. BOS) per tokenizer
 
     def set_weight_version(self, requested: Any) -> str:
         """A weight update sets the version it was given, or bumps the integer version by one."""
@@ -223,7 +223,8 @@ def _add_control_routes(app: FastAPI, engine: Engine) -> None:
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> Response:
-        mode = (await _body(request) or {}).get("mode", "in_place")
+        body = await _body(request)
+        mode = body.get("mode", "in_place") if isinstance(body, dict) else None
         if mode not in ("in_place", "abort"):
             raise RequestError(f"mode must be 'in_place' or 'abort', got {mode!r}")
         if mode == "abort":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -46,3 +48,32 @@ def check_continuous_batch(path, device: str) -> None:
             logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
         expected = torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)]
         assert (torch.tensor(seq.logprobs) - expected).abs().max().item() <= 1e-4
+
+
+def make_request(rid: str, n: int) -> SequenceRequest:
+    params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+    return SequenceRequest(rid, 0, [5, 6, 7], params, None, False, False, n)
+
+
+async def test_a_failing_step_aborts_its_batch_and_the_loop_goes_on(tiny_model, monkeypatch):
+    runner = ModelRunner(str(tiny_model), device="cpu", dtype="auto", rows=2, context_length=64)
+    sched = Scheduler(runner, max_rows=2, max_prefill_tokens=64, weight_version="0")
+    real_forward = runner.forward
+
+    def broken_forward(*args):
+        monkeypatch.setattr(runner, "forward", real_forward)  # fail once only
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(runner, "forward", broken_forward)
+    loop = asyncio.get_running_loop()
+    first, second = loop.create_future(), loop.create_future()
+    task = asyncio.create_task(sched.run())
+    try:
+        sched.submit(make_request("a", 4), lambda s: s.finished and first.set_result(s))
+        failed = await asyncio.wait_for(first, 30)
+        assert failed.finish_reason["type"] == "abort" and "boom" in failed.finish_reason["message"]
+        sched.submit(make_request("b", 4), lambda s: s.finished and second.set_result(s))
+        ok = await asyncio.wait_for(second, 30)
+        assert ok.finish_reason == {"type": "length", "length": 4} and not sched.running
+    finally:
+        task.cancel()
