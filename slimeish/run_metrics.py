@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import Any
 
 # Shown on the console line, in this order, when present; everything goes to JSONL/TensorBoard.
-CONSOLE_KEYS = (
-    "rollout/reward_mean",
-    "eval/reward_mean",
-    "rollout/response_length",
-    "train/loss",
-    "train/kl_rollout",
-    "train/entropy",
-    "train/clip_fraction",
-    "time/rollout",
-    "time/train",
-    "time/sync",
-)
+CONSOLE_KEYS = {
+    "rollout/reward_mean": "reward",
+    "eval/reward_mean": "eval_reward",
+    "rollout/response_length": "resp_len",
+    "train/loss": "loss",
+    "train/kl_rollout": "kl",
+    "train/entropy": "entropy",
+    "train/clip_fraction": "clipfrac",
+    "time/rollout": "t_rollout",
+    "time/train": "t_train",
+    "time/sync": "t_sync",
+}
 
 
 class MetricsLogger:
@@ -42,7 +42,7 @@ class MetricsLogger:
             for key, value in clean.items():
                 self._writer.add_scalar(key, value, step)
             self._writer.flush()
-        shown = [f"{k.split('/', 1)[1]}={clean[k]:.3g}" for k in CONSOLE_KEYS if k in clean]
+        shown = [f"{label}={clean[key]:.3g}" for key, label in CONSOLE_KEYS.items() if key in clean]
         return f"step {step}: " + " ".join(shown)
 
     def read(self) -> list[dict[str, float]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -93,20 +94,21 @@ class PluginArgs(argparse.Namespace):
     """The `args` rollout plugins receive: every config field under slime's names, read-only."""
 
     def __init__(self, setup: TrainSetup, stack: Stack):
-        fields = {k: v for cfg in vars(setup).values() for k, v in vars(cfg).items()}
+        fields = {k: v for cfg in vars(setup).values() for k, v in _fields(cfg).items()}
         host, _, port = stack.router_url.removeprefix("http://").partition(":")
-        super().__init__(
-            **fields,
-            hf_checkpoint=str(setup.trainer.model_path),
-            router_url=stack.router_url,
-            admin_token=stack.admin_token,
-            sglang_router_ip=host,
-            sglang_router_port=int(port),
-        )
+        fields |= {
+            "hf_checkpoint": str(setup.trainer.model_path),
+            "router_url": stack.router_url,
+            "admin_token": stack.admin_token,
+            "sglang_router_ip": host,
+            "sglang_router_port": int(port),
+        }
+        super().__init__(**fields)
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
     setup = parse_args(argv)
     setup.run.run_dir.mkdir(parents=True, exist_ok=True)
     run_id = setup.run.run_id or setup.run.run_dir.resolve().name
@@ -151,11 +153,12 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
             with timed(metrics, "time/rollout"):
                 groups = await collect_groups(buffer, producer, n_groups, trainer.weight_version, run.mode)
             samples = [s for g in groups for s in g.samples]
+            metrics |= batch_metrics(samples, trainer.weight_version)
             with timed(metrics, "time/train"):
                 metrics |= prefixed("train", await asyncio.to_thread(trainer.train_step, samples))
             with timed(metrics, "time/sync"):
                 metrics |= prefixed("time/sync", await asyncio.to_thread(sync.sync, trainer))
-            metrics |= batch_metrics(samples, trainer.weight_version) | producer.metrics
+            metrics |= producer.metrics
             unacked += [g.group_id for g in groups]
             if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
                 await asyncio.to_thread(_save, trainer, data, run.run_dir / "checkpoints", step + 1)
@@ -171,18 +174,21 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
 
 
 async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, version: int, mode: str) -> list[Group]:
-    """`n` trainable groups: in sync mode generate batches until enough pass the buffer's rules;
-    in async mode wait for the producer. Eval groups share the buffer and are consumed unused."""
+    """`n` trainable groups. Whatever is ready is taken first (groups re-delivered after a crash,
+    leftovers of a short batch); only then does sync mode generate a batch, and async mode wait
+    for the producer. Eval groups share the buffer and are consumed unused."""
     groups: list[Group] = []
     while len(groups) < n:
-        if mode == "sync":
-            await producer.run_once()
         taken = await buffer.take_groups(n - len(groups), CONSUMER, version)
         evals = [g.group_id for g in taken if g.metadata.get("eval")]
         if evals:
             await buffer.ack(evals)
         groups += [g for g in taken if not g.metadata.get("eval")]
-        if mode == "async" and len(groups) < n:
+        if taken:
+            continue
+        if mode == "sync":
+            await producer.run_once()
+        else:
             await asyncio.sleep(0.05)
     producer.release()
     return groups
@@ -256,8 +262,12 @@ def _resume(trainer: Any, data: DataSource, load: Path | None) -> int:
     return int(state["rollout_step"])
 
 
+def _fields(cfg: Any) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
 def _jsonable(setup: TrainSetup) -> dict[str, Any]:
     return {
-        name: {k: str(v) if isinstance(v, Path) else v for k, v in vars(cfg).items()}
+        name: {k: str(v) if isinstance(v, Path) else v for k, v in _fields(cfg).items()}
         for name, cfg in vars(setup).items()
     }

@@ -7,7 +7,7 @@ def test_jsonl_tensorboard_console_and_plot(tmp_path):
     log = MetricsLogger(tmp_path)
     line = log.log(0, {"rollout/reward_mean": 0.25, "train/loss": 1.5, "skip": float("nan")})
     log.log(1, {"rollout/reward_mean": 0.75, "eval/reward_mean": 0.5})
-    assert "reward_mean=0.25" in line and "loss=1.5" in line
+    assert "reward=0.25" in line and "loss=1.5" in line
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[0] == {"step": 0, "rollout/reward_mean": 0.25, "train/loss": 1.5}
     assert any((tmp_path / "tensorboard").iterdir())
