@@ -111,7 +111,7 @@ def model_shape(hf_config, tensor_parallel: int = 1) -> ModelShape:
         vocab_size=hf_config.vocab_size,
         padded_vocab_size=math.ceil(hf_config.vocab_size / multiple) * multiple,
         tie_word_embeddings=bool(hf_config.tie_word_embeddings),
-        qkv_bias=hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qkv_bias=hf_config.model_type == "qwen2",
         qk_norm=hf_config.model_type == "qwen3",
     )
 
@@ -124,6 +124,9 @@ def transformer_config(
         raise ValueError(f"hidden_act {hf_config.hidden_act!r} not supported (SwiGLU only)")
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported")
+    if shape.model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
+        # Llama/Qwen3 attention_bias also puts a bias on o_proj, which Megatron's spec cannot hold.
+        raise ValueError(f"attention_bias=True is not supported for {shape.model_type}")
     return TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,

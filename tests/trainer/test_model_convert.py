@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from slimeish.trainer.convert import gather_shards, hf_to_megatron, megatron_to_hf, shard_for_rank
 from slimeish.trainer.hf_io import load_hf_into, megatron_params
@@ -59,6 +59,43 @@ def test_tensor_parallel_shards_rejoin(tiny_model_factory):
     )
     half = cfg.intermediate_size // 2
     assert torch.equal(gate_up[:half], hf.state_dict()["model.layers.0.mlp.gate_proj.weight"][:half])
+
+
+def _random_llama(rope_parameters: dict, **kw) -> tuple:
+    sizes = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    cfg = LlamaConfig(
+        **sizes, num_key_value_heads=2, max_position_embeddings=512, rope_parameters=rope_parameters, **kw
+    )
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in hf.parameters():  # larger than the default init, so RoPE errors would show in the logits
+            p.normal_(std=0.3) if p.ndim == 2 else None
+    return cfg, hf
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    ],
+)  # fmt: skip
+def test_rope_scaling_matches_hf(rope):
+    cfg, hf = _random_llama(rope)
+    mg = build_gpt_model(cfg).eval()
+    load_hf_into(mg, hf.state_dict(), model_shape(cfg))
+    ids = torch.randint(0, 300, (1, 160), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (gpt_logits(mg, ids, 300) - hf(ids).logits).abs().max().item() <= 1e-4
+
+
+def test_unsupported_settings_are_rejected():
+    with pytest.raises(ValueError, match="rope_type"):
+        build_gpt_model(_random_llama({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})[0])
+    with pytest.raises(ValueError, match="attention_bias"):
+        build_gpt_model(_random_llama({"rope_type": "default", "rope_theta": 1e4}, attention_bias=True)[0])
 
 
 def test_unsupported_family_is_rejected():
