@@ -8,6 +8,7 @@ and test teardown stop the whole tree.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -42,8 +43,20 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this child when its parent dies, so a killed launcher leaves no orphans."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class ManagedProcess:
-    """A child process in its own process group, stopped (SIGTERM, then SIGKILL) on `stop()`."""
+    """A child process in its own process group, stopped (SIGTERM, then SIGKILL) on `stop()`.
+
+    Its own group keeps Ctrl-C in the parent's terminal from reaching it (the parent stops it in
+    order); on Linux it also gets SIGTERM if the parent dies without stopping it."""
 
     def __init__(self, args: Sequence[str], *, log_path: Path | None = None, env: dict[str, str] | None = None):
         self.args = list(args)
@@ -55,6 +68,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
 
     @classmethod

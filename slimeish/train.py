@@ -140,6 +140,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
         )
     )
     logger = MetricsLogger(run.run_dir)
+    ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
     unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
     async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
         producer = RolloutProducer(rollout_fn, args, data, buffer)
@@ -159,7 +160,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
             with timed(metrics, "time/sync"):
                 metrics |= prefixed("time/sync", await asyncio.to_thread(sync.sync, trainer))
             metrics |= producer.metrics
-            unacked += [g.group_id for g in groups]
+            unacked += ledger.record(step, groups)
             if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
                 await asyncio.to_thread(_save, trainer, data, run.run_dir / "checkpoints", step + 1)
                 await buffer.ack(unacked)  # a crash before this point re-delivers them
@@ -201,6 +202,24 @@ async def evaluate(rollout_fn, args: PluginArgs, eval_data: DataSource | None, s
     out = await asyncio.to_thread(rollout_fn, args, step, eval_data, True)
     rewards = [r for d in out.data.values() for r in d["rewards"]]
     return {"eval/reward_mean": sum(rewards) / max(len(rewards), 1)} | prefixed("eval", out.metrics)
+
+
+class TrainedGroups:
+    """`trained_groups.jsonl`: which groups each step trained on, the audit trail of exactly-once.
+
+    On resume from step S the lines of steps >= S are dropped: the killed run trained on them,
+    but no checkpoint kept that training, and the buffer hands those groups out again."""
+
+    def __init__(self, path: Path, keep_before: int):
+        self.path = path
+        lines = path.read_text().splitlines() if path.exists() else []
+        path.write_text("".join(f"{x}\n" for x in lines if json.loads(x)["step"] < keep_before))
+
+    def record(self, step: int, groups: list[Group]) -> list[str]:
+        ids = [g.group_id for g in groups]
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, "groups": ids}) + "\n")
+        return ids
 
 
 def batch_metrics(samples: list[Sample], version: int) -> dict[str, float]:
