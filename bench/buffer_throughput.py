@@ -6,7 +6,8 @@ Write path per sample (one session of one turn, as the router does it): open_ses
 append_turn, finish_session (which seals the sample), `--concurrency` sessions in flight.
 Take path: take_groups + ack of groups of `--group-size`, decoding every sample to lists.
 Raw ceiling: pipelined SET / GET of byte strings as large as one stored sample, from the same
-client on the same embedded server (same fsync policy).
+client on the same embedded server (same fsync policy); and the same with the CPU work no
+buffer can skip (lists -> checked packed bytes before SET; bytes -> Sample lists after GET).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import tempfile
 import time
 
 from buffer import Buffer, EmbeddedServer, SessionInfo, Turn
-from buffer.codec import encode_sample
+from buffer.codec import decode_sample, encode_sample
 from buffer.segments import build_samples
-from slimeish.types import Sample
 
 
 def make_turn(sid: str, tokens: int, rng: random.Random) -> Turn:
@@ -55,40 +55,52 @@ async def take(buf: Buffer, n_groups: int, batch: int) -> tuple[float, int]:
     return time.perf_counter() - start, taken
 
 
-async def raw(buf: Buffer, size: int, count: int, pipeline: int) -> tuple[float, float]:
-    """Pipelined SET then GET of `count` values of `size` bytes: the server+client ceiling."""
-    value, redis = random.randbytes(size), buf.redis
-    keys = [f"bench-raw:{i}" for i in range(count)]
-    start = time.perf_counter()
-    for lo in range(0, count, pipeline):
+def seal(turn: Turn) -> bytes:
+    """The CPU part of a write: lists -> checked arrays -> sample bytes (what finish_session stores)."""
+    (sample,) = build_samples([turn.pack()], status="completed", index=0, group_index=0, metadata={})
+    return encode_sample(sample)
+
+
+async def pipelined(redis, commands: list[tuple], pipeline: int) -> list:
+    replies = []
+    for lo in range(0, len(commands), pipeline):
         pipe = redis.pipeline(transaction=False)
-        for key in keys[lo : lo + pipeline]:
-            pipe.set(key, value)
-        await pipe.execute()
-    set_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for lo in range(0, count, pipeline):
-        pipe = redis.pipeline(transaction=False)
-        for key in keys[lo : lo + pipeline]:
-            pipe.get(key)
-        await pipe.execute()
-    get_s = time.perf_counter() - start
+        for command in commands[lo : lo + pipeline]:
+            pipe.execute_command(*command)
+        replies += await pipe.execute()
+    return replies
+
+
+async def raw(buf: Buffer, turns: list[Turn], pipeline: int) -> dict[str, float]:
+    """Ceilings from the same client: pipelined SET/GET of opaque bytes of one sample's size, and
+    the same with the unavoidable CPU work around them (encode lists to bytes; decode to lists)."""
+    redis, n = buf.redis, len(turns)
+    value = random.randbytes(len(seal(turns[0])))
+    keys = [f"bench-raw:{i}" for i in range(n)]
+    rates, start = {}, time.perf_counter()
+    await pipelined(redis, [("SET", key, value) for key in keys], pipeline)
+    rates["raw_set"], start = n / (time.perf_counter() - start), time.perf_counter()
+    await pipelined(redis, [("GET", key) for key in keys], pipeline)
+    rates["raw_get"], start = n / (time.perf_counter() - start), time.perf_counter()
+    await pipelined(redis, [("SET", key, seal(turn)) for key, turn in zip(keys, turns, strict=True)], pipeline)
+    rates["raw_set_encode"], start = n / (time.perf_counter() - start), time.perf_counter()
+    blobs = await pipelined(redis, [("GET", key) for key in keys], pipeline)
+    [decode_sample(blob, 1.0) for blob in blobs]
+    rates["raw_get_decode"] = n / (time.perf_counter() - start)
     await redis.delete(*keys)
-    return set_s, get_s
+    return rates
 
 
 async def bench(url: str, tokens: int, n: int, args: argparse.Namespace) -> dict:
     rng = random.Random(tokens)
     turns = [make_turn(f"s{i}", tokens, rng) for i in range(n)]
-    (sample,) = build_samples(turns[:1], status=Sample.Status.COMPLETED, index=0, group_index=0, metadata={})
-    size = len(encode_sample(sample))
     async with Buffer(url, f"bench{tokens}-{random.randrange(1 << 30)}") as buf:
         write_s = await write(buf, turns, args.group_size, args.concurrency)
         take_s, groups = await take(buf, n // args.group_size, args.take_batch)
-        set_s, get_s = await raw(buf, size, n, args.pipeline)
+        ceilings = await raw(buf, turns, args.pipeline)
     return {
-        "tokens": tokens, "samples": n, "sample_bytes": size,
-        "write": n / write_s, "take": groups * args.group_size / take_s, "raw_set": n / set_s, "raw_get": n / get_s,
+        "sample_bytes": len(seal(turns[0])), "write": n / write_s, "take": groups * args.group_size / take_s,
+        **ceilings,
     }  # fmt: skip
 
 
@@ -105,18 +117,23 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
           f"appendfsync={args.appendfsync}")  # fmt: skip
-    print("| tokens | sample bytes | written/s | taken/s | raw SET/s | raw GET/s | write % | take % |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| tokens | sample bytes | written/s | raw SET/s | write % | raw SET+encode/s "
+        "| taken/s | raw GET/s | take % | raw GET+decode/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp, EmbeddedServer(tmp, appendfsync=args.appendfsync) as server:
         for tokens in args.tokens:
             n = args.samples if tokens < 4096 else args.samples // 4
             n -= n % args.group_size
             runs = [asyncio.run(bench(server.url, tokens, n, args)) for _ in range(args.repeat)]
             r = {key: max(run[key] for run in runs) for key in runs[0]}  # shared machine: keep the best
-            rates = [r["write"], r["take"], r["raw_set"], r["raw_get"]]
-            shares = [100 * r["write"] / r["raw_set"], 100 * r["take"] / r["raw_get"]]
-            cells = [str(tokens), str(r["sample_bytes"]), *(f"{x:.0f}" for x in rates), *(f"{x:.0f} %" for x in shares)]
-            print("| " + " | ".join(cells) + " |", flush=True)
+            cells = [
+                tokens, r["sample_bytes"], r["write"], r["raw_set"], f"{100 * r['write'] / r['raw_set']:.0f} %",
+                r["raw_set_encode"], r["take"], r["raw_get"], f"{100 * r['take'] / r['raw_get']:.0f} %",
+                r["raw_get_decode"],
+            ]  # fmt: skip
+            print("| " + " | ".join(c if isinstance(c, str) else f"{c:.0f}" for c in cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
