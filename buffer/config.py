@@ -30,8 +30,9 @@ class BufferConfig:
     )
     reclaim_after_s: float | None = help_field(
         None,
-        help="hand out again groups another consumer took and has not acknowledged for this long "
-        "(for trainers that restart under a new consumer name); unset = only the same consumer name recovers them",
+        help="hand out again groups any consumer took and has not acknowledged for this long (for trainers "
+        "that restart under a new consumer name); must exceed the longest time from take to ack, or groups "
+        "still being trained are handed out twice; unset = only the same consumer name recovers them",
     )
 
     def __post_init__(self) -> None:
