@@ -9,10 +9,10 @@ if TYPE_CHECKING:
     from slimeish.engine.scheduler import Scheduler, Sequence
 
 
-def render(seq: Sequence, sched: Scheduler, *, index: int | None, since: int = 0, text: str | None = None) -> dict:
-    """One response object. A stream chunk passes `since` (tokens already sent): its `output_ids` and
-    `output_token_logprobs` hold only the new tokens while `text` is the whole text so far, as in SGLang."""
-    ids = seq.output_ids[since:]
+def render(seq: Sequence, sched: Scheduler, *, index: int | None, text: str | None = None) -> dict:
+    """One response object. Stream chunks use it too: as in SGLang's default (non-incremental)
+    streaming, each chunk holds everything so far (text, output_ids, logprobs), not a delta."""
+    ids = seq.output_ids
     spans = seq.weight_spans
     meta: dict[str, Any] = {
         "id": seq.req.rid,
@@ -26,7 +26,7 @@ def render(seq: Sequence, sched: Scheduler, *, index: int | None, since: int = 0
     }
     if seq.req.return_logprob:
         texts = [_token_text(sched, t) for t in ids] if seq.req.return_text_in_logprobs else [None] * len(ids)
-        meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(seq.logprobs[since:], ids, texts, strict=True)]
+        meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(seq.logprobs, ids, texts, strict=True)]
     out = {"text": seq.text if text is None else text, "output_ids": ids, "meta_info": meta}
     if index is not None:
         out["index"] = index

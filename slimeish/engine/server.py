@@ -143,7 +143,7 @@ async def _stream(sched: Scheduler, reqs: list[SequenceRequest], is_batch: bool)
             if i in done or (len(seq.output_ids) == sent[i] and not seq.finished):
                 continue
             text = seq.text if seq.finished else sched.decode(seq)
-            chunk = render(seq, sched, index=i if is_batch else None, since=sent[i], text=text)
+            chunk = render(seq, sched, index=i if is_batch else None, text=text)
             sent[i] = len(seq.output_ids)
             if seq.finished:
                 done.add(i)

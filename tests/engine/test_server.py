@@ -50,7 +50,10 @@ def test_stream_chunks_match_sglang_schema(client, logprob):
     ids: dict[int, list[int]] = {0: [], 1: []}
     for chunk in chunks:
         validate_generate_response(chunk)
-        ids[chunk["index"]] += chunk["output_ids"]  # streamed output_ids are the new tokens only
+        # As in SGLang's default streaming, each chunk holds everything so far: it extends the last.
+        assert chunk["output_ids"][: len(ids[chunk["index"]])] == ids[chunk["index"]]
+        assert len(chunk["output_ids"]) > len(ids[chunk["index"]])
+        ids[chunk["index"]] = chunk["output_ids"]
         if logprob:
             assert len(chunk["meta_info"]["output_token_logprobs"]) == len(chunk["output_ids"])
     assert all(len(v) == 5 for v in ids.values())
