@@ -37,7 +37,7 @@ class Trainer:
     def __init__(self, config: TrainerConfig, loss: LossConfig | None = None):
         from transformers import AutoConfig
 
-        self.config, self.loss = config, loss or LossConfig()
+        self.config, self.loss_config = config, loss or LossConfig()
         self.use_gpu = config.use_gpu()
         if config.dtype == "bfloat16" and not self.use_gpu:
             raise ValueError("dtype=bfloat16 needs device=cuda")
@@ -47,7 +47,7 @@ class Trainer:
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.use_gpu else torch.device("cpu")
         hf_weights = hf_io.read_hf_weights(config.model_path)
         self.model = self._build(hf_weights)
-        self.reference = self._build(hf_weights).requires_grad_(False).eval() if self.loss.kl_coef > 0 else None
+        self.reference = self._build(hf_weights).requires_grad_(False).eval() if self.loss_config.kl_coef > 0 else None
         if self.use_gpu:
             self.model = wrap_gpu_model(self.model)
             self.optimizer = build_gpu_optimizer(self.model, config)
@@ -94,7 +94,7 @@ class Trainer:
         return group_normalized_advantages(
             sample_rewards(samples),
             sample_group_ids(samples),
-            normalize_std=self.loss.advantage_estimator == "grpo",
+            normalize_std=self.loss_config.advantage_estimator == "grpo",
         )
 
     def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
@@ -109,16 +109,19 @@ class Trainer:
         steps = split_global_batches(samples, self.config.global_batch_size)
         # pi_old must be the weights that existed before this call; with one step it equals the
         # detached current log-probs, so the extra forward pass is only paid for several steps.
-        old = self.compute_log_probs(samples) if len(steps) > 1 and self.loss.old_log_probs == "trainer" else None
+        old = (
+            self.compute_log_probs(samples) if len(steps) > 1 and self.loss_config.old_log_probs == "trainer" else None
+        )
         metrics: dict[str, float] = {}
         for idx in steps:
-            metrics = self._optimizer_step([samples[i] for i in idx], advantages[idx], old and [old[i] for i in idx])
+            step_old = None if old is None else [old[i] for i in idx]
+            metrics = self._optimizer_step([samples[i] for i in idx], advantages[idx], step_old)
         self.state.weight_version += 1
         metrics["weight_version"] = float(self.state.weight_version)
         return metrics
 
     def _check_rollout_log_probs(self, samples: Sequence[Sample]) -> None:
-        needs = self.loss.old_log_probs == "rollout" or self.loss.tis
+        needs = self.loss_config.old_log_probs == "rollout" or self.loss_config.tis
         if needs and any(s.rollout_log_probs is None for s in samples):
             raise ValueError("old_log_probs='rollout' and tis need rollout_log_probs on every sample")
 
@@ -136,7 +139,7 @@ class Trainer:
             old_mb = None if old is None else _rows(mb, [old[i] for i in mine])
             self._micro_batch(mb.to(self.device), old_mb, normalizer, sums)
         grad_norm = self._apply_gradients()
-        tokens = max(sums.pop("tokens"), 1.0)
+        tokens = max(sums.pop("tokens", 0.0), 1.0)
         metrics = {k: v / tokens for k, v in sums.items() if not k.startswith("_")}
         metrics.update(loss=sums["_loss"], grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], tokens=tokens)
         if sums.get("_is_tokens"):
@@ -149,7 +152,7 @@ class Trainer:
 
     def _loss_normalizer(self, local: list[Sample]) -> float:
         """Tokens (token aggregation) or sequences (sequence aggregation) in the global batch."""
-        if self.loss.loss_aggregation == "token":
+        if self.loss_config.loss_aggregation == "token":
             count = sum(sum(s.loss_mask) if s.loss_mask is not None else s.response_length for s in local)
         else:
             count = len(local)
@@ -161,7 +164,7 @@ class Trainer:
         return max(total.item(), 1.0)
 
     def _micro_batch(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
-        cfg, mask = self.loss, mb.loss_mask
+        cfg, mask = self.loss_config, mb.loss_mask
         log_p, entropy = response_log_probs(self.model, mb, self.shape.vocab_size)
         trainer_old = log_p.detach() if old_mb is None else old_mb.to(self.device)
         old = mb.rollout_log_probs if cfg.old_log_probs == "rollout" else trainer_old
