@@ -112,3 +112,20 @@ async def test_concurrent_writers_on_one_group_make_one_complete_group(buf: Buff
     assert [s.reward for s in group.samples] == [float(i) for i in range(8)]
     stats = await buf.stats()
     assert (stats.sessions_finished, stats.groups_taken, stats.groups_waiting, stats.groups_open) == (8, 1, 0, 0)
+
+
+async def test_torn_aof_tail_loses_the_last_script_whole(tmp_path):
+    """A write cut off mid-way (e.g. power loss) replays none of its script, never half of it."""
+    with EmbeddedServer(tmp_path) as server:
+        async with Buffer(server.url, "r") as buf:
+            await write_group(buf, "g", 2)
+    aof = next((tmp_path / "appendonly").glob("*.incr.aof"))
+    data = aof.read_bytes()
+    aof.write_bytes(data[: data.rindex(b"EXEC") - 40])  # cut inside the last MULTI/EXEC: the seal of g-1
+    with EmbeddedServer(tmp_path) as server:
+        keys, client = Keys("r"), redis.Redis.from_url(server.url)
+        assert client.hget(keys.session("g-0"), "status") == b"completed"
+        assert client.hget(keys.session("g-1"), "status") == b"open"  # its finish is gone entirely
+        assert not client.exists(keys.samples("g-1"))
+        assert group_invariants(client, keys, "g") == (1, b"open")
+        client.close()
