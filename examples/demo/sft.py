@@ -1,0 +1,151 @@
+"""Warm-start: a short supervised fine-tune that teaches the demo's tool-call *format*.
+
+A freshly initialised tiny model cannot write a tool call, so GRPO would have no reward to learn
+from. This stage trains on synthetic transcripts (question -> tool call with the two numbers ->
+tool result -> "The answer is N.") in plain PyTorch on CPU. The tool in every transcript is drawn
+uniformly at random, *independent of the question*, so the warm-started model learns the format
+and to copy numbers, but not which tool a question needs: its reward starts near 1/4, and
+everything above that in the demo is learned by RL.
+
+Transcripts are rendered with the model's own chat template, turn by turn the way the router
+renders them, and the loss covers the assistant's tokens only (what the policy will sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from examples.demo.task import (
+    TOOL_NAMES,
+    TOOLS,
+    Problem,
+    TaskConfig,
+    call_tool,
+    format_answer,
+    format_tool_result,
+    make_splits,
+)
+from slimeish.config import add_dataclass_args, from_namespace, help_field
+
+
+@dataclass(kw_only=True)
+class SFTConfig:
+    steps: int = help_field(300, help="optimizer steps")
+    batch_size: int = help_field(16, help="transcripts per step")
+    lr: float = help_field(3e-3, help="peak AdamW learning rate (linear warm-up, cosine decay)")
+    warmup_steps: int = help_field(20, help="linear warm-up steps")
+    seed: int = help_field(0, help="seed for the random tool choice and data order")
+    threads: int = help_field(2, help="torch CPU threads")
+
+
+def episode_messages(problem: Problem, tool: str) -> list[dict[str, Any]]:
+    """The chat of one episode in which the model calls `tool` (right or wrong) on the numbers."""
+    arguments = {"a": problem.a, "b": problem.b}
+    result = call_tool(tool, arguments)
+    call = {"id": "call_0", "type": "function", "function": {"name": tool, "arguments": json.dumps(arguments)}}
+    return [
+        {"role": "user", "content": problem.question},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": format_tool_result(result)},
+        {"role": "assistant", "content": format_answer(result)},
+    ]
+
+
+def render_with_mask(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Token ids of the chat and a mask that is 1 on the assistant's own tokens.
+
+    Each message is rendered as the text it adds to the conversation and tokenized on its own,
+    as the router does; the "\\n" after an assistant's <|im_end|> belongs to the next prompt.
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    rendered = ""
+    for end, message in enumerate(messages, start=1):
+        is_assistant = message["role"] == "assistant"
+        text = _render(tokenizer, messages[:end], add_generation_prompt=False)
+        if is_assistant:  # the prompt part: everything up to and including "<|im_start|>assistant\n"
+            prompt = _render(tokenizer, messages[: end - 1], add_generation_prompt=True)
+            ids += _encode(tokenizer, prompt[len(rendered) :])
+            mask += [0] * (len(ids) - len(mask))
+            generated = text[len(prompt) :].removesuffix("\n")
+            ids += _encode(tokenizer, generated)
+            mask += [1] * (len(ids) - len(mask))
+            rendered = prompt + generated
+    return ids, mask
+
+
+def _render(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def make_batch(tokenizer, problems: list[Problem], rng: random.Random):  # -> (ids, labels, attention) tensors
+    import torch
+
+    rows = [render_with_mask(tokenizer, episode_messages(p, rng.choice(TOOL_NAMES))) for p in problems]
+    width = max(len(ids) for ids, _ in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.full((len(rows), width), pad)
+    labels = torch.full((len(rows), width), -100)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (ids, mask) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
+        attention[i, : len(ids)] = 1
+    return input_ids, labels, attention
+
+
+def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Path:
+    """Fine-tune the HF model in `model_dir` on format transcripts and save it to `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    train, _ = make_splits(task)  # never trains on eval problems, even for the format
+    rng = random.Random(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    schedule = get_cosine_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.steps)
+    model.train()
+    start = time.monotonic()
+    for step in range(1, cfg.steps + 1):
+        input_ids, labels, attention = make_batch(tokenizer, rng.sample(train, cfg.batch_size), rng)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 25 == 0 or step == cfg.steps:
+            print(f"[warm-start sft] step {step}/{cfg.steps} loss {loss.item():.4f} {time.monotonic() - start:.0f}s")
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Warm-start SFT on tool-call format (random tool choice).")
+    parser.add_argument("model_dir", type=Path, help="Hugging Face model to start from")
+    parser.add_argument("out_dir", type=Path, help="where to save the warm-started model")
+    add_dataclass_args(parser, SFTConfig, "sft")
+    add_dataclass_args(parser, TaskConfig, "task")
+    args = parser.parse_args(argv)
+    out = sft(args.model_dir, args.out_dir, from_namespace(SFTConfig, args), from_namespace(TaskConfig, args))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

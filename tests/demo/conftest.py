@@ -1,0 +1,108 @@
+"""A stand-in for slimeish's router, served over real HTTP on loopback.
+
+It replaces the router (sessions + OpenAI chat endpoint) in the demo's unit tests so the agent
+and the openai_agent rollout function are exercised through the real `openai` SDK and `httpx`,
+without an engine or a model. Chat replies are scripted per test: a function of the request body.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+
+from slimeish.procs import free_port
+
+# `examples/` is run from the repository root (`python -m examples.demo...`), not installed like
+# the packages, so the bare `pytest` script needs the root on sys.path to import it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+ADMIN_TOKEN = "admin-secret"
+Reply = Callable[[dict[str, Any]], dict[str, Any]]  # request body -> assistant message
+
+
+@dataclass
+class StandInRouter:
+    url: str
+    reply: Reply | None = None
+    sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # session_id -> create body + finish
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (session_id, chat body)
+
+
+def chat_completion(message: dict[str, Any]) -> dict[str, Any]:
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "tiny",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+    }
+
+
+def build_app(state: StandInRouter) -> FastAPI:
+    app = FastAPI()
+    keys: dict[str, str] = {}
+
+    def check_admin(request: Request) -> None:
+        if request.headers.get("authorization") != f"Bearer {ADMIN_TOKEN}":
+            raise HTTPException(401, "bad admin token")
+
+    @app.post("/sessions")
+    async def create(request: Request) -> dict[str, str]:
+        check_admin(request)
+        session_id, key = secrets.token_hex(4), secrets.token_hex(8)
+        keys[key] = session_id
+        state.sessions[session_id] = {"create": await request.json(), "finish": None}
+        return {"session_id": session_id, "api_key": key, "base_url": f"{state.url}/s/{key}/v1"}
+
+    @app.post("/sessions/{session_id}/finish")
+    async def finish(session_id: str, request: Request) -> dict[str, Any]:
+        check_admin(request)
+        state.sessions[session_id]["finish"] = await request.json()
+        return {"session_id": session_id, "samples": 1}
+
+    @app.post("/s/{key}/v1/chat/completions")
+    async def chat(key: str, request: Request) -> dict[str, Any]:
+        if key not in keys:
+            raise HTTPException(401, "unknown session key")
+        body = await request.json()
+        state.requests.append((keys[key], body))
+        assert state.reply is not None, "the test must script the replies"
+        return chat_completion(state.reply(body))
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def stand_in_router() -> Iterator[StandInRouter]:
+    port = free_port()
+    state = StandInRouter(url=f"http://127.0.0.1:{port}")
+    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "stand-in router did not start"
+        time.sleep(0.01)
+    yield state
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+@pytest.fixture
+def router(stand_in_router: StandInRouter) -> StandInRouter:
+    """The module's stand-in router with a clean record for this test."""
+    stand_in_router.sessions.clear()
+    stand_in_router.requests.clear()
+    stand_in_router.reply = None
+    return stand_in_router
