@@ -74,7 +74,7 @@ def test_update_from_tensor_across_a_pause(engine, tiny_model, shm_file):
     before = generate(engine, GREEDY)
     version = int(engine.get("/model_info").json()["weight_version"])
     save_file(perturbed_state(tiny_model, seed=2), str(shm_file))
-    long_body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+    long_body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         running = pool.submit(engine.post, "/generate", json=long_body)
         time.sleep(0.3)
@@ -90,7 +90,7 @@ def test_update_from_tensor_across_a_pause(engine, tiny_model, shm_file):
     # The request paused mid-decode finished, and says which tokens came from which weights.
     assert long_out["meta_info"]["finish_reason"]["type"] == "length"
     spans = long_out["meta_info"]["weight_versions"]
-    assert [s["version"] for s in spans] == [str(version), str(version + 1)] and spans[-1]["end"] == 1500
+    assert [s["version"] for s in spans] == [str(version), str(version + 1)] and spans[-1]["end"] == 2000
     assert long_out["meta_info"]["weight_version"] == str(version + 1)
     assert short_out["output_ids"] != before["output_ids"]
     assert short_out["meta_info"]["weight_version"] == str(version + 1)
