@@ -85,11 +85,12 @@ def _collate(samples: list[Sample], indices: list[int], advantages: Tensor) -> M
     )
 
 
-def response_values(per_position: Tensor, mb: MicroBatch) -> Tensor:
-    """Pick [b, R] response entries out of a [b, L-1] per-position tensor (clamped past the end)."""
+def response_positions(mb: MicroBatch, seq_len: int) -> Tensor:
+    """[b, R] index of the logit that predicts each response token (clamped inside the row; the
+    positions past a sample's response are padding, masked out by `loss_mask`)."""
     resp_len = mb.loss_mask.shape[1]
-    idx = mb.response_start.unsqueeze(-1) + torch.arange(resp_len, device=per_position.device)
-    return per_position.gather(1, idx.clamp(max=per_position.shape[1] - 1))
+    idx = mb.response_start.unsqueeze(-1) + torch.arange(resp_len, device=mb.response_start.device)
+    return idx.clamp(max=seq_len - 2)
 
 
 def split_global_batches(samples: Sequence[Sample], global_batch_size: int | None) -> list[list[int]]:

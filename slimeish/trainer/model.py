@@ -225,7 +225,7 @@ def _keep_rotary_on_host(model: GPTModel, inv_freq: Tensor, device: torch.device
 
 
 def gpt_logits(model: GPTModel, input_ids: Tensor, vocab_size: int) -> Tensor:
-    """Logits [b, s, vocab_size] (Megatron's padded vocab rows cut off), fp32 for log-softmax."""
+    """Logits [b, s, vocab_size] in the model's dtype (Megatron's padded vocab rows cut off)."""
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
     logits = model(input_ids=input_ids, position_ids=positions, attention_mask=None)
-    return logits[..., :vocab_size].float()
+    return logits[..., :vocab_size]
