@@ -20,8 +20,9 @@ import tempfile
 import time
 
 from buffer import Buffer, EmbeddedServer, SessionInfo, Turn
-from buffer.codec import decode_sample, encode_sample
+from buffer.codec import decode_turn, encode_turn
 from buffer.segments import build_samples
+from slimeish.types import Sample
 
 
 def make_turn(sid: str, tokens: int, rng: random.Random) -> Turn:
@@ -56,9 +57,14 @@ async def take(buf: Buffer, n_groups: int, batch: int) -> tuple[float, int]:
 
 
 def seal(turn: Turn) -> bytes:
-    """The CPU part of a write: lists -> checked arrays -> sample bytes (what finish_session stores)."""
-    (sample,) = build_samples([turn.pack()], status="completed", index=0, group_index=0, metadata={})
-    return encode_sample(sample)
+    """The CPU part of a write: lists -> checked arrays -> the bytes stored for a one-turn sample."""
+    return encode_turn(turn.pack())
+
+
+def unseal(blob: bytes) -> Sample:
+    """The CPU part of a read: stored bytes -> a Sample with lists."""
+    (sample,) = build_samples([decode_turn(blob)], status="completed", index=0, group_index=0, metadata={})
+    return sample.to_sample(1.0)
 
 
 async def pipelined(redis, commands: list[tuple], pipeline: int) -> list:
@@ -85,7 +91,7 @@ async def raw(buf: Buffer, turns: list[Turn], pipeline: int) -> dict[str, float]
     await pipelined(redis, [("SET", key, seal(turn)) for key, turn in zip(keys, turns, strict=True)], pipeline)
     rates["raw_set_encode"], start = n / (time.perf_counter() - start), time.perf_counter()
     blobs = await pipelined(redis, [("GET", key) for key in keys], pipeline)
-    [decode_sample(blob, 1.0) for blob in blobs]
+    [unseal(blob) for blob in blobs]
     rates["raw_get_decode"] = n / (time.perf_counter() - start)
     await redis.delete(*keys)
     return rates

@@ -21,13 +21,13 @@ from redis.exceptions import ResponseError
 
 from buffer import scripts
 from buffer.batching import ScriptBatcher
-from buffer.codec import decode_sample, decode_turn, encode_sample, encode_turn
+from buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
 from buffer.config import FILTER_SIGNATURE, BufferConfig
 from buffer.errors import BufferInputError, UnknownSessionError, from_script_error
 from buffer.keys import CONSUMER_GROUP, Keys
 from buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, SessionStatus, Turn
 from buffer.rules import GroupFilter, Member, judge
-from buffer.segments import PackedSample, build_samples, check_next_turn
+from buffer.segments import PackedSample, assemble, build_samples, check_next_turn
 from buffer.stats import BufferStats, read_stats
 from slimeish.plugins import load_function
 from slimeish.types import Sample
@@ -156,7 +156,7 @@ class Buffer:
                 group_index=int(fields[3]),
                 metadata=sample_meta,
             )
-        pairs = [part for s in samples for part in (s.segment_index, encode_sample(s))]
+        pairs = [part for s in samples for part in (s.segment_index, encode_sample_header(s))]
         args = [session_id, n_turns, status.value, reward_json, meta_json, time.time(), *pairs]
         sealed = await self._run(
             "FINISH_SESSION", [k.session(session_id), k.samples(session_id), k.group(gid), k.stats, k.ready], args
@@ -200,9 +200,10 @@ class Buffer:
         """The samples stored when the session was finished (reward included once it is set)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self.keys.samples(session_id))
+        pipe.hgetall(self.keys.turns(session_id))
         pipe.hget(self.keys.session(session_id), "reward")
-        blobs, reward = await pipe.execute()
-        return _decode_member(blobs, reward)
+        headers, turns, reward = await pipe.execute()
+        return _decode_member(headers, turns, reward)
 
     async def iter_samples(self) -> AsyncIterator[Sample]:
         """Every stored sample of the run (for export and inspection), session by session."""
@@ -277,6 +278,7 @@ class Buffer:
         pipe = self.redis.pipeline(transaction=False)
         for sid in sessions:
             pipe.hgetall(k.samples(sid))
+            pipe.hgetall(k.turns(sid))
             pipe.hmget(k.session(sid), ["status", "reward"])
         replies = iter(await pipe.execute())
         kept: list[Group] = []
@@ -287,7 +289,7 @@ class Buffer:
                 drops.xack(k.ready, CONSUMER_GROUP, entry)
                 continue
             gid, metadata, members = item
-            group_members = [_member(next(replies), next(replies)) for _ in members]
+            group_members = [_member(next(replies), next(replies), next(replies)) for _ in members]
             verdict = judge(gid, group_members, self.config, current_version, self._filter)
             if verdict.keep:
                 kept.append(Group(gid, verdict.samples, metadata, entry))
@@ -336,10 +338,13 @@ def _by_index(item: tuple[bytes, bytes]) -> int:
     return int(item[0])
 
 
-def _decode_member(blobs: dict[bytes, bytes], reward: bytes | None) -> list[Sample]:
+def _decode_member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], reward: bytes | None) -> list[Sample]:
+    if not headers:  # open or failed: nothing to train on
+        return []
+    packed_turns = sorted((decode_turn(t) for t in turns.values()), key=lambda t: t.turn_index)
     value = orjson.loads(reward) if reward else None
-    return [decode_sample(blobs[seg], value) for seg in sorted(blobs, key=int)]
+    return assemble(packed_turns, [decode_sample_header(h) for h in headers.values()], value)
 
 
-def _member(blobs: dict[bytes, bytes], fields: list[bytes | None]) -> Member:
-    return Member(SessionStatus(fields[0].decode()), _decode_member(blobs, fields[1]))
+def _member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], fields: list[bytes | None]) -> Member:
+    return Member(SessionStatus(fields[0].decode()), _decode_member(headers, turns, fields[1]))

@@ -1,7 +1,9 @@
-"""Compact binary encoding of turns and samples: msgpack with token arrays as packed bytes.
+"""Compact binary encoding of turns and sample headers: msgpack with token arrays as packed bytes.
 
-Token ids are int32, log-probs float32 and the loss mask uint8, little-endian, so an 8k-token
-sample is ~64 KB instead of the ~150 KB of JSON text, and decoding is one `np.frombuffer` each.
+Token ids are int32 and log-probs float32, little-endian, so an 8k-token turn is ~56 KB instead
+of the ~150 KB of JSON text, and decoding is one `np.frombuffer` per array. Token arrays are
+stored once, in the turns; a sealed sample stores only its header and is rebuilt from the
+turns (a few numpy concatenations) when read.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import numpy as np
 
 from buffer.records import PackedTurn
 from buffer.segments import PackedSample
-from slimeish.types import Sample
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
-I32, F32, U8 = np.dtype("<i4"), np.dtype("<f4"), np.dtype("u1")
+I32, F32 = np.dtype("<i4"), np.dtype("<f4")
 _TURN_ARRAYS = {"prompt_ids": I32, "output_ids": I32, "output_logprobs": F32}
-_SAMPLE_ARRAYS = {"tokens": I32, "loss_mask": U8, "rollout_log_probs": F32}
+_SAMPLE_ARRAYS = ("tokens", "loss_mask", "rollout_log_probs")
 
 
 def encode_turn(turn: PackedTurn) -> bytes:
@@ -36,17 +37,13 @@ def decode_turn(data: bytes) -> PackedTurn:
     return PackedTurn(**fields)
 
 
-def encode_sample(sample: PackedSample) -> bytes:
-    """Everything of a sample except its reward, which lives on the session (set at finish or later)."""
-    fields = {name: getattr(sample, name) for name in PackedSample.__slots__}
-    for name, dtype in _SAMPLE_ARRAYS.items():
-        fields[name] = fields[name].astype(dtype, copy=False).tobytes()
-    return _encoder.encode(fields)
+def encode_sample_header(sample: PackedSample) -> bytes:
+    """A sample without its arrays (rebuilt from the session's immutable turns when read) and
+    without its reward (kept on the session, so it can arrive after the finish)."""
+    return _encoder.encode(
+        {name: getattr(sample, name) for name in PackedSample.__slots__ if name not in _SAMPLE_ARRAYS}
+    )
 
 
-def decode_sample(data: bytes, reward: Any) -> Sample:
-    fields = _decoder.decode(data)
-    for name, dtype in _SAMPLE_ARRAYS.items():
-        fields[name] = np.frombuffer(fields[name], dtype=dtype).tolist()
-    fields["status"] = Sample.Status(fields["status"])
-    return Sample(reward=reward, **fields)
+def decode_sample_header(data: bytes) -> dict[str, Any]:
+    return _decoder.decode(data)

@@ -4,7 +4,7 @@ Layout for run `R` (see docs/buffer.md):
 
     slimeish:R:session:<sid>   hash    group_id, index, group_size, status, reward, metadata, times, n_turns
     slimeish:R:turns:<sid>     hash    turn_index -> msgpack Turn (token arrays as packed bytes)
-    slimeish:R:samples:<sid>   hash    segment_index -> msgpack sample (token arrays as packed bytes)
+    slimeish:R:samples:<sid>   hash    segment_index -> msgpack sample header (arrays rebuilt from the turns)
     slimeish:R:group:<gid>     hash    size, seq, state, done, failed, metadata, entry (stream id)
     slimeish:R:members:<gid>   hash    index -> session id
     slimeish:R:ready           stream  one entry per trainable group; consumer group "trainers"

@@ -119,3 +119,15 @@ def build_samples(
         build_sample(segment, status=status, index=index, group_index=group_index, metadata=metadata)
         for segment in split_segments(turns)
     ]
+
+
+def assemble(turns: list[PackedTurn], headers: list[dict[str, Any]], reward: Any) -> list[Sample]:
+    """Rebuild stored samples (headers written at finish) from the session's turns."""
+    segments = split_segments(turns)
+    samples = []
+    for header in sorted(headers, key=lambda h: h["segment_index"]):
+        fields = {name: header[name] for name in ("status", "index", "group_index", "metadata")}
+        packed = build_sample(segments[header["segment_index"]], **fields)
+        assert packed.response_length == header["response_length"], "turns changed after the session was sealed"
+        samples.append(packed.to_sample(reward))
+    return samples

@@ -6,8 +6,8 @@ import pytest
 from buffer_helpers import turn
 
 from buffer import BufferInputError, Turn
-from buffer.codec import decode_sample, decode_turn, encode_sample, encode_turn
-from buffer.segments import build_samples, check_next_turn
+from buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
+from buffer.segments import assemble, build_samples, check_next_turn
 from slimeish.types import Sample
 
 
@@ -80,7 +80,9 @@ def test_turn_order_and_segments_are_checked():
 def test_codec_round_trips_and_is_compact():
     t = turn("s", 0, prompt=list(range(1000)), out=list(range(500)))
     assert decode_turn(encode_turn(t.pack())).to_turn() == t  # -0.5 is exact in float32
+    stored = encode_turn(t.pack())
+    assert len(stored) < 1500 * 4 + 500 * 4 + 300  # int32 ids, float32 log-probs, a small header
     (packed,) = build_samples([t.pack()], status="completed", index=0, group_index=0, metadata={"group_id": "g"})
-    blob = encode_sample(packed)
-    assert len(blob) < 1500 * 4 + 500 * 5 + 300  # int32 tokens, uint8 mask, float32 log-probs, small header
-    assert decode_sample(blob, 0.5) == packed.to_sample(0.5)
+    header = encode_sample_header(packed)
+    assert len(header) < 200  # the arrays are stored once, in the turns
+    assert assemble([decode_turn(stored)], [decode_sample_header(header)], 0.5) == [packed.to_sample(0.5)]
