@@ -23,8 +23,8 @@ class BufferStats:
     groups_filtered: int
     groups_given_back: int  # times a taken group was returned to the queue
     regenerate_queued: int  # stale groups whose prompt waits to be generated again
-    bytes_turns: int
-    bytes_samples: int
+    bytes_turns: int  # turns as stored: the token data (ids, log-probs)
+    bytes_samples: int  # sample headers written at finish
     used_memory: int  # the whole server's, from INFO memory
 
     def as_dict(self) -> dict[str, int]:
