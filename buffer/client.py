@@ -1,8 +1,9 @@
 """`Buffer`: the async client the router (writes), rollout side and trainer (reads) share.
 
 One `Buffer` per process, created from a Redis URL and a run id. Writes that must go together
-run as one Lua script (atomic in Redis); token arrays travel as packed bytes in one command per
-turn or per finished session, never per token. Trainable groups are entries of a Redis stream
+run as one Lua script (atomic in Redis), and concurrent calls share pipelines; token arrays
+travel as packed bytes once, with their turn (finishing a session sends only sample headers),
+never per token. Trainable groups are entries of a Redis stream
 read through a consumer group, which gives exactly-once training: an entry handed out and not
 acknowledged stays pending and is handed out again (see `take_groups`); an acknowledged one is
 deleted.
