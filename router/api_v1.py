@@ -8,6 +8,7 @@ then commit the turn and write it through to the store.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from router import responses as R
 from router.capture import Capture, TurnPlan
+from router.engine_pool import EngineFailedMidStream
 from router.openai_api import (
     APIError,
     ChatRequest,
@@ -28,6 +30,7 @@ from router.openai_api import (
 from router.render import TemplateError
 from router.sessions import Session
 from router.state import RouterState, get_state
+from router.streaming import StreamedTurn, chat_events, completion_events, sse
 from router.tool_parser import parse_tool_calls
 from router.turns import Generation
 
@@ -112,11 +115,48 @@ def assistant_message(state: RouterState, gen: Generation, parse_tools: bool) ->
     return message
 
 
-def reply(body: dict, stream: bool, include_usage: bool, chat: bool) -> Response:
-    if not stream:
-        return R.json_response(body)
-    events = R.chat_stream(body, include_usage) if chat else R.completion_stream(body, include_usage)
-    return StreamingResponse(events, media_type="text/event-stream")
+def stream_response(
+    state: RouterState, session: Session | None, plan: TurnPlan, events, result: StreamedTurn, usage_chunk, started
+) -> StreamingResponse:
+    """Send `events`, then record the turn (once the whole output is known), usage and [DONE]."""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for event in events:
+                yield event
+        except EngineFailedMidStream as e:
+            yield sse(APIError(502, str(e), type="server_error", code="engine_failed").body())
+            return
+        if any(g.finish_type == "abort" for g in result.generations):
+            yield sse(APIError(503, "the engine aborted the generation", type="server_error").body())
+            return
+        if session is not None:
+            await state.runner.record(session, plan, result.generations, result.answers, started)
+        if usage_chunk is not None:
+            prompt = len(plan.input_ids)
+            yield sse({**usage_chunk, "choices": [], "usage": R.usage(prompt, result.generations)})
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def engine_chunks(
+    state: RouterState, session: Session | None, plan: TurnPlan, params: dict, extra: dict
+) -> AsyncIterator[tuple[dict, str]]:
+    """The engine stream, started here so that failures before any output are HTTP errors."""
+    chunks = state.runner.stream(session, plan.input_ids, params, extra)
+    first = await anext(chunks)
+
+    async def rest() -> AsyncIterator[tuple[dict, str]]:
+        yield first
+        async for chunk in chunks:
+            yield chunk
+
+    return rest()
+
+
+def stream_head(req: SamplingFields, state: RouterState, prefix: str, obj: str) -> dict:
+    return {"id": R.new_id(prefix), "object": obj, "created": int(time.time()), "model": req.model or state.model_name}
 
 
 @api.post("/v1/chat/completions")
@@ -134,13 +174,29 @@ async def chat_completions(request: Request, api_key: str | None = None) -> Resp
         raise APIError(400, str(e), param="messages") from None
     params = sampling_params(state, req, req.new_tokens(), len(plan.input_ids))
     extra = {"top_logprobs_num": req.top_logprobs} if req.logprobs and req.top_logprobs else {}
+    parse_tools = bool(tools) and req.tool_choice != "none"
+    if req.stream:
+        return await stream_chat(state, session, plan, req, params, extra, parse_tools, started)
     gens = await run_turn(state, session, plan, params, extra)
-    messages = [assistant_message(state, g, bool(tools) and req.tool_choice != "none") for g in gens]
+    messages = [assistant_message(state, g, parse_tools) for g in gens]
     logprobs = [R.chat_logprobs(state.renderer, g) for g in gens] if req.logprobs else None
     out = R.chat_completion(req.model or state.model_name, messages, gens, len(plan.input_ids), logprobs)
     if session is not None:
         await state.runner.record(session, plan, gens, messages, started)
-    return reply(out, req.stream, bool(req.stream_options and req.stream_options.include_usage), chat=True)
+    return R.json_response(out)
+
+
+async def stream_chat(state, session, plan, req: ChatRequest, params, extra, parse_tools, started) -> Response:
+    chunks = await engine_chunks(state, session, plan, params, extra)
+    head = stream_head(req, state, "chatcmpl", "chat.completion.chunk")
+    result = StreamedTurn()
+    lp = (lambda entries: R.stream_logprobs(state.renderer, entries)) if req.logprobs else None
+    events = chat_events(
+        chunks, head, req.n, parse_tools, req.stop_list(), lambda g: assistant_message(state, g, parse_tools), lp,
+        result,
+    )  # fmt: skip
+    usage_chunk = head if req.stream_options and req.stream_options.include_usage else None
+    return stream_response(state, session, plan, events, result, usage_chunk, started)
 
 
 @api.post("/v1/completions")
@@ -153,6 +209,14 @@ async def completions(request: Request, api_key: str | None = None) -> Response:
     text_prompt = isinstance(req.prompt, str)
     plan = capture.plan_text(req.prompt) if text_prompt else capture.plan_tokens(req.prompt)
     params = sampling_params(state, req, req.max_tokens, len(plan.input_ids))
+    if req.stream:
+        chunks = await engine_chunks(state, session, plan, params, {})
+        head, result = stream_head(req, state, "cmpl", "text_completion"), StreamedTurn()
+        events = completion_events(chunks, head, req.n, req.stop_list(), result)
+        if not text_prompt:
+            events = _no_answers(events, result)
+        usage_chunk = head if req.stream_options and req.stream_options.include_usage else None
+        return stream_response(state, session, plan, events, result, usage_chunk, started)
     gens = await run_turn(state, session, plan, params)
     texts = [g.text for g in gens]
     logprobs = [R.completion_logprobs(state.renderer, g) for g in gens] if req.logprobs is not None else None
@@ -160,7 +224,14 @@ async def completions(request: Request, api_key: str | None = None) -> Response:
     if session is not None:
         answers: list = texts if text_prompt else [None] * len(gens)
         await state.runner.record(session, plan, gens, answers, started)
-    return reply(out, req.stream, bool(req.stream_options and req.stream_options.include_usage), chat=False)
+    return R.json_response(out)
+
+
+async def _no_answers(events: AsyncIterator[bytes], result: StreamedTurn) -> AsyncIterator[bytes]:
+    """A token-id prompt continues by tokens, not by text: record no text answer."""
+    async for event in events:
+        yield event
+    result.answers = [None] * len(result.answers)
 
 
 @api.get("/v1/models")

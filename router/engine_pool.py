@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -25,6 +26,10 @@ class NoEngineError(RuntimeError):
 
 class EngineRejected(ValueError):
     """The engine answered 4xx: the request itself is bad (an HTTP 400 for the client)."""
+
+
+class EngineFailedMidStream(RuntimeError):
+    """The engine failed after output was already sent to the client: no retry is possible."""
 
 
 @dataclass
@@ -96,6 +101,39 @@ class EnginePool:
             first = data[0] if isinstance(data, list) and data else data
             engine.weight_version = first.get("meta_info", {}).get("weight_version", engine.weight_version)
             return data, engine
+
+    async def stream(self, payload: dict, sticky: str | None) -> AsyncIterator[tuple[dict, Engine]]:
+        """POST /generate with `stream: true`, yielding SGLang chunks; an engine that fails before
+        its first chunk is ejected and the request retried on another one."""
+        body = orjson.dumps({**payload, "stream": True})
+        tried: set[str] = set()
+        while True:
+            engine = self.pick(sticky, tried)
+            tried.add(engine.url)
+            engine.inflight += 1
+            started = False
+            try:
+                async with self.client.stream(
+                    "POST", engine.url + "/generate", content=body, headers={"content-type": "application/json"},
+                    timeout=self.timeout,
+                ) as response:  # fmt: skip
+                    if response.status_code >= 500:
+                        self._eject(engine, f"HTTP {response.status_code}")
+                        continue
+                    if response.status_code >= 400:
+                        raise EngineRejected(f"engine rejected the request: {(await response.aread())[:500]!r}")
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                            continue
+                        started = True
+                        yield orjson.loads(line[5:]), engine
+                    return
+            except httpx.TransportError as e:
+                self._eject(engine, repr(e))
+                if started:
+                    raise EngineFailedMidStream(f"engine {engine.url} failed mid-stream: {e!r}") from e
+            finally:
+                engine.inflight -= 1
 
     def _eject(self, engine: Engine, why: str) -> None:
         log.warning("engine %s failed (%s); ejected until healthy", engine.url, why)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -38,6 +37,11 @@ def usage(prompt_tokens: int, gens: list[Generation]) -> dict[str, int]:
 def _token_entry(renderer: ChatRenderer, token_id: int, logprob: float) -> dict[str, Any]:
     text = renderer.token_text(token_id)
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def stream_logprobs(renderer: ChatRenderer, entries: list[list]) -> dict[str, Any]:
+    """Chat log-probs of the tokens in one stream chunk (`[logprob, token_id, text]` entries)."""
+    return {"content": [{**_token_entry(renderer, e[1], e[0]), "top_logprobs": []} for e in entries]}
 
 
 def chat_logprobs(renderer: ChatRenderer, gen: Generation) -> dict[str, Any]:
@@ -101,41 +105,3 @@ def text_completion(
         "choices": choices,
         "usage": usage(prompt_tokens, gens),
     }
-
-
-def _sse(obj: dict) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def _chat_deltas(message: dict) -> Iterator[dict]:
-    yield {"role": "assistant", "content": ""}
-    if message.get("content"):
-        yield {"content": message["content"]}
-    for i, call in enumerate(message.get("tool_calls") or []):
-        yield {"tool_calls": [{"index": i, **call}]}
-
-
-def chat_stream(body: dict, include_usage: bool) -> Iterator[bytes]:
-    """A finished chat completion as `chat.completion.chunk` events: role, content and tool-call
-    deltas per choice, then each choice's finish_reason, then usage if asked for."""
-    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
-    for choice in body["choices"]:
-        for delta in _chat_deltas(choice["message"]):
-            chunk = {"index": choice["index"], "delta": delta, "logprobs": None, "finish_reason": None}
-            yield _sse({**head, "choices": [chunk]})
-        last = {"index": choice["index"], "delta": {}, "logprobs": choice["logprobs"], "finish_reason": None}
-        last["finish_reason"] = choice["finish_reason"]
-        yield _sse({**head, "choices": [last]})
-    if include_usage:
-        yield _sse({**head, "choices": [], "usage": body["usage"]})
-    yield b"data: [DONE]\n\n"
-
-
-def completion_stream(body: dict, include_usage: bool) -> Iterator[bytes]:
-    head = {"id": body["id"], "object": "text_completion", "created": body["created"], "model": body["model"]}
-    for choice in body["choices"]:
-        yield _sse({**head, "choices": [{**choice, "finish_reason": None, "logprobs": None}]})
-        yield _sse({**head, "choices": [{**choice, "text": ""}]})
-    if include_usage:
-        yield _sse({**head, "choices": [], "usage": body["usage"]})
-    yield b"data: [DONE]\n\n"

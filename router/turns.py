@@ -8,6 +8,7 @@ never re-derived from text.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,19 @@ class TurnRunner:
             self._move(session, engine.url)
         items = data if isinstance(data, list) else [data]
         return [parse_generation(item, engine.url) for item in items]
+
+    async def stream(
+        self, session: Session | None, input_ids: list[int], sampling: dict, extra: dict
+    ) -> AsyncIterator[tuple[dict, str]]:
+        """Like `generate`, streamed: (SGLang chunk, engine URL) pairs."""
+        payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
+        sticky = session.engine if session else None
+        async for chunk, engine in self.pool.stream(payload, sticky):
+            if session is not None and session.engine != engine.url:
+                if session.engine is not None:
+                    self.metrics.engine_failovers.inc()
+                self._move(session, engine.url)
+            yield chunk, engine.url
 
     def _move(self, session: Session, url: str) -> None:
         old = self.pool.engines.get(session.engine) if session.engine else None

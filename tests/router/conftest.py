@@ -85,6 +85,10 @@ def recording_proxy(target: str, log: list[tuple[dict, dict | list]]):
                 request.method, f"{target}/{path}", content=body, headers={"content-type": "application/json"}
             )
         if path == "generate" and r.status_code == 200:
+            if r.headers["content-type"].startswith("text/event-stream"):  # a stream: log its chunks
+                lines = [x[5:].strip() for x in r.text.splitlines() if x.startswith("data:")]
+                log.append((orjson.loads(body), {"chunks": [orjson.loads(x) for x in lines if x != "[DONE]"]}))
+                return Response(r.content, r.status_code, media_type="text/event-stream")
             log.append((orjson.loads(body), r.json()))
         return Response(r.content, r.status_code, media_type="application/json")
 

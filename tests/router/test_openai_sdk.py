@@ -114,23 +114,45 @@ async def test_async_clients_run_concurrent_sessions(router_app):
         assert len(turns[1].prompt_ids) < len(turns[0].prompt_ids) + len(turns[0].output_ids)
 
 
-def test_streaming_with_usage(router_app):
+def test_streaming_with_usage_then_an_extending_turn(router_app):
     session = router_app.new_session()
-    stream = client_for(session).chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "hi"}],
-        max_tokens=5,
-        stream=True,
-        stream_options={"include_usage": True},
-        tools=TOOLS,
-    )
+    client = client_for(session)
+    messages = [{"role": "user", "content": "hi"}]
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, stream=True, stream_options={"include_usage": True},
+        tools=TOOLS, logprobs=True,
+    )  # fmt: skip
     chunks = list(stream)
-    engine_text = router_app.engine_log[-1][1]["text"]
-    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert content == engine_text or any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    request, response = router_app.engine_log[-1]
+    assert request["stream"] is True
+    engine_chunks = response["chunks"]
+    output_ids = [t for c in engine_chunks for t in c["output_ids"]]
     assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert content == engine_chunks[-1]["text"] or calls
+    streamed_lps = [
+        t.logprob for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content
+    ]
+    assert streamed_lps == [e[0] for c in engine_chunks for e in c["meta_info"]["output_token_logprobs"]]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length", "tool_calls")
-    assert chunks[-1].usage.completion_tokens == len(router_app.engine_log[-1][1]["output_ids"])
+    assert chunks[-1].usage.completion_tokens == len(output_ids)
+    # the message the client assembled from the stream extends the segment on the next turn
+    messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "more"}]
+    client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, tools=TOOLS)
+    turns = router_app.store.turns[session["session_id"]]
+    assert [t.segment_index for t in turns] == [0, 0] and turns[0].output_ids == output_ids
+    assert router_app.engine_log[-1][0]["input_ids"][: len(request["input_ids"]) + len(output_ids)] == (
+        request["input_ids"] + output_ids
+    )
+
+
+def test_streaming_completions(router_app):
+    session = router_app.new_session()
+    stream = client_for(session).completions.create(model="tiny", prompt="1 + 1 =", max_tokens=4, stream=True)
+    text = "".join(c.choices[0].text for c in stream)
+    assert text == router_app.engine_log[-1][1]["chunks"][-1]["text"]
+    assert router_app.record(session["session_id"])["turns"] == 1
 
 
 def test_logprobs_n_and_stop(router_app):

@@ -1,0 +1,155 @@
+"""Token streaming: engine SSE chunks in, OpenAI SSE chunks out, the turn recorded at the end.
+
+The engine streams SGLang chunks (new `output_ids` and log-probs, cumulative `text`). Text is
+forwarded as it comes, except for a tail that might still change meaning: the start of a tool
+call (`<tool_call>` becomes `tool_calls`, not content), the start of a stop string (trimmed from
+the final text), trailing whitespace before a tool call, or an incomplete UTF-8 character. What
+the client assembles is exactly the message recorded, so the next turn extends it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from router.turns import Generation, parse_generation
+
+TOOL_CALL_START = "<tool_call>"
+
+
+def _held_suffix(text: str, markers: list[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of one of `markers`."""
+    best = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(text)), best, -1):
+            if text.endswith(marker[:n]):
+                best = n
+                break
+    return best
+
+
+@dataclass
+class ContentStream:
+    """The part of a choice's growing text that is safe to send now."""
+
+    parse_tools: bool
+    stops: list[str]
+    sent: str = ""
+    blocked: bool = False  # a tool call started: the rest is not content unless parsing fails
+
+    def delta(self, text: str) -> str:
+        if self.blocked:
+            return ""
+        end = len(text)
+        if self.parse_tools and (at := text.find(TOOL_CALL_START, len(self.sent))) >= 0:
+            self.blocked, end = True, at
+        for stop in self.stops:  # a stop string is trimmed from the final text: never send it
+            if (at := text.find(stop, max(0, len(self.sent) - len(stop)), end)) >= 0:
+                end = at
+        markers = ([TOOL_CALL_START] if self.parse_tools else []) + self.stops
+        end -= _held_suffix(text[:end], markers)
+        safe = text[:end].rstrip() if self.parse_tools else text[:end]
+        safe = safe.rstrip("\ufffd")
+        if len(safe) <= len(self.sent):
+            return ""
+        out, self.sent = safe[len(self.sent) :], safe
+        return out
+
+    def finish(self, content: str) -> tuple[str, str]:
+        """(last delta, the content the client ends up with) for the final message content."""
+        if content.startswith(self.sent):
+            return content[len(self.sent) :], content
+        return "", self.sent
+
+
+@dataclass
+class ChoiceAccumulator:
+    """Rebuilds one choice's full SGLang response from its stream chunks."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[list] = field(default_factory=list)
+    last: dict[str, Any] = field(default_factory=dict)
+    engine: str = ""
+
+    def add(self, chunk: dict, engine: str) -> list[list]:
+        new = chunk.get("meta_info", {}).get("output_token_logprobs") or []
+        self.ids += chunk.get("output_ids") or []
+        self.logprobs += new
+        self.last, self.engine = chunk, engine
+        return new
+
+    def generation(self) -> Generation:
+        meta = {**self.last.get("meta_info", {}), "output_token_logprobs": self.logprobs}
+        return parse_generation({**self.last, "output_ids": self.ids, "meta_info": meta}, self.engine)
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+@dataclass
+class StreamedTurn:
+    """The finished choices of a streamed turn, for recording."""
+
+    generations: list[Generation] = field(default_factory=list)
+    answers: list[Any] = field(default_factory=list)
+
+
+async def chat_events(
+    chunks: AsyncIterator[tuple[dict, str]],
+    head: dict,
+    n: int,
+    parse_tools: bool,
+    stops: list[str],
+    to_message: Callable[[Generation], dict],
+    token_logprobs: Callable[[list[list]], dict] | None,
+    result: StreamedTurn,
+) -> AsyncIterator[bytes]:
+    """OpenAI `chat.completion.chunk` events for an engine stream; fills `result` at the end."""
+    accs = [ChoiceAccumulator() for _ in range(n)]
+    texts = [ContentStream(parse_tools, stops) for _ in range(n)]
+    for i in range(n):
+        yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}}]})
+    async for chunk, engine in chunks:
+        i = chunk.get("index", 0)
+        new = accs[i].add(chunk, engine)
+        delta = texts[i].delta(chunk.get("text", ""))
+        if delta or (new and token_logprobs):
+            lp = token_logprobs(new) if token_logprobs else None
+            yield sse({**head, "choices": [{"index": i, "delta": {"content": delta}, "logprobs": lp}]})
+    for i in range(n):
+        gen = accs[i].generation()
+        message = to_message(gen)
+        last, content = texts[i].finish(message.get("content") or "")
+        message["content"] = content or None
+        deltas: list[dict] = [{"content": last}] if last else []
+        deltas += [{"tool_calls": [{"index": j, **c}]} for j, c in enumerate(message.get("tool_calls") or [])]
+        for d in deltas:
+            yield sse({**head, "choices": [{"index": i, "delta": d}]})
+        finish = "tool_calls" if message.get("tool_calls") else {"length": "length"}.get(gen.finish_type, "stop")
+        yield sse({**head, "choices": [{"index": i, "delta": {}, "finish_reason": finish}]})
+        result.generations.append(gen)
+        result.answers.append(message)
+
+
+async def completion_events(
+    chunks: AsyncIterator[tuple[dict, str]], head: dict, n: int, stops: list[str], result: StreamedTurn
+) -> AsyncIterator[bytes]:
+    """OpenAI `text_completion` stream events; fills `result` at the end."""
+    accs = [ChoiceAccumulator() for _ in range(n)]
+    texts = [ContentStream(False, stops) for _ in range(n)]
+    async for chunk, engine in chunks:
+        i = chunk.get("index", 0)
+        accs[i].add(chunk, engine)
+        if delta := texts[i].delta(chunk.get("text", "")):
+            yield sse({**head, "choices": [{"index": i, "text": delta, "logprobs": None, "finish_reason": None}]})
+    for i in range(n):
+        gen = accs[i].generation()
+        last, text = texts[i].finish(gen.text)
+        finish = {"length": "length"}.get(gen.finish_type, "stop")
+        yield sse({**head, "choices": [{"index": i, "text": last, "logprobs": None, "finish_reason": finish}]})
+        result.generations.append(gen)
+        result.answers.append(text)
