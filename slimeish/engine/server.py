@@ -103,7 +103,7 @@ def _add_generate_routes(app: FastAPI, engine: Engine) -> None:
         seqs, is_batch, stream = parse_generate(await _body(request), engine.tokenize, engine.limits)
         if stream:
             return StreamingResponse(_stream(engine.scheduler, seqs, is_batch), media_type="text/event-stream")
-        done = await _run_to_end(engine.scheduler, seqs)
+        done = await _until_disconnect(request, _run_to_end(engine.scheduler, seqs))
         out = [render(s, engine.scheduler, index=s.req.index if is_batch else None) for s in done]
         return _json(out if is_batch else out[0])
 
@@ -129,6 +129,25 @@ async def _run_to_end(sched: Scheduler, reqs: list[SequenceRequest]) -> list[Seq
     except asyncio.CancelledError:  # the client went away: free the slots
         sched.abort_sequences([s for s in seqs if not s.finished], "client disconnected")
         raise
+
+
+async def _until_disconnect(request: Request, work):
+    """Await `work`, cancelling it (which aborts its sequences) if the client hangs up first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+    return await task
+
+
+async def _disconnected(request: Request) -> None:
+    # The body is already read, so the next ASGI message is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _stream(sched: Scheduler, reqs: list[SequenceRequest], is_batch: bool) -> AsyncIterator[bytes]:

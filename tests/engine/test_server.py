@@ -156,3 +156,22 @@ def test_info_endpoints(client, tiny_model):
     models = client.get("/v1/models").json()
     assert models["data"][0]["id"] == str(tiny_model)
     assert client.post("/flush_cache").status_code == 200
+
+
+def test_a_client_that_hangs_up_frees_its_slot(client, engine_url):
+    """While paused nothing can finish on its own, so an empty queue after the hang-up is the abort."""
+
+    def states():
+        return client.get("/server_info").json()["internal_states"][0]
+
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
+    client.post("/pause_generation", json={})
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{engine_url}/generate", json=body, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while states()["num_waiting"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert states() == {"paused": True, "num_running": 0, "num_waiting": 0}
+    finally:
+        client.post("/continue_generation")
