@@ -222,7 +222,8 @@ def main() -> None:
             report = asyncio.run(bench(args, stack))
         finally:
             stack.stop()
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f} at the end, Python "
           f"{platform.python_version()}\n\n{report}")  # fmt: skip
 
 

@@ -153,3 +153,18 @@ def test_admin_engine_list_and_fan_out(router_app):
         "DELETE", router_app.url + "/admin/engines", json={"url": "http://nope"}, headers=router_app.admin
     )
     assert_openai_error(gone, 404, "engine_not_found")
+
+
+def test_weight_update_fans_out_and_versions_reach_the_record(router_app, session, tiny_model):
+    def update(version: str) -> dict:
+        body = {"model_path": str(tiny_model), "weight_version": version}
+        url = router_app.url + "/admin/update_weights_from_disk"
+        return httpx.post(url, json=body, headers=router_app.admin).json()
+
+    try:
+        reply = update("7")
+        assert reply["ok"] and [e["weight_version"] for e in reply["engines"]] == ["7"]
+        httpx.post(session["base_url"] + "/chat/completions", json=GOOD).raise_for_status()
+        assert router_app.store.turns[session["session_id"]][-1].weight_versions == [7]
+    finally:
+        assert update("0")["ok"]  # the engine is shared with other tests
