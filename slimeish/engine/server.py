@@ -299,4 +299,5 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="slimeish engine", description=__doc__.split("\n\n")[0])
     add_dataclass_args(parser, EngineConfig, "engine")
     cfg = from_namespace(EngineConfig, parser.parse_args(argv))
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    # A paused engine holds requests indefinitely; on SIGTERM give them a few seconds, then close.
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=3)
