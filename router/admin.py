@@ -74,8 +74,8 @@ async def finish_session(request: Request, session_id: str) -> dict:
     if session.finished is not None:
         raise APIError(409, f"session {session_id} is already finished", code="session_finished")
     async with session.write_lock:  # after any turn still being written
-        session.finished = req
         await state.store.finish_session(session_id, req.reward, req.status, req.metadata)
+        session.seal(req)
     state.metrics.active_sessions.set(state.sessions.active())
     return session.summary()
 

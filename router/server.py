@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -27,6 +28,8 @@ from router.state import RouterState, get_state
 from router.storage import MemoryStore, TurnStore
 from router.turns import TurnRunner
 from slimeish.config import add_dataclass_args, from_namespace
+
+log = logging.getLogger(__name__)
 
 
 async def open_store(config: RouterConfig) -> TurnStore:
@@ -96,6 +99,11 @@ def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(NoEngineError)
     async def no_engine(_: Request, e: NoEngineError) -> Response:
         return _error(APIError(503, str(e), type="server_error", code="no_healthy_engine"))
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, e: Exception) -> Response:
+        log.exception("unhandled error")
+        return _error(APIError(500, f"internal error: {e!r}", type="server_error", code="internal_error"))
 
     @app.exception_handler(EngineRejected)
     async def rejected(_: Request, e: EngineRejected) -> Response:

@@ -43,8 +43,17 @@ class Session:
     finished: FinishSession | None = None
     created_at: float = field(default_factory=time.time)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
+    _final: dict[str, Any] | None = field(default=None, repr=False)  # the summary kept after `seal`
+
+    def seal(self, finish: FinishSession) -> None:
+        """Mark finished and drop the capture state (tokens, history): nothing extends it any more."""
+        self.finished = finish
+        self._final = self.summary()
+        self.capture.segments = []
 
     def summary(self) -> dict[str, Any]:
+        if self._final is not None:
+            return self._final
         return {
             "session_id": self.session_id,
             "group_id": self.group_id,
