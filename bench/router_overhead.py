@@ -76,24 +76,6 @@ def serve_standin(port: int) -> None:
 USER_TAIL = [1, 302, 201, 74, 75, 76, 77, 2, 201, 1, 308, 201]  # "<|im_start|>user\n...<|im_end|>\n..."
 
 
-async def tokens_episode(client: httpx.AsyncClient, url: str, turns: int, lat: list[float]) -> None:
-    ids = list(USER_TAIL)
-    for _ in range(turns):
-        t0 = time.perf_counter()
-        r = await client.post(url, json={"input_ids": ids, "sampling_params": {"max_new_tokens": OUTPUT_LEN}})
-        lat.append(time.perf_counter() - t0)
-        ids = ids + r.json()["output_ids"] + USER_TAIL
-
-
-async def chat_episode(client: httpx.AsyncClient, url: str, turns: int, lat: list[float]) -> None:
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count with me"}]
-    for turn in range(turns):
-        t0 = time.perf_counter()
-        r = await client.post(url, json={"model": "m", "messages": messages, "max_tokens": OUTPUT_LEN})
-        lat.append(time.perf_counter() - t0)
-        messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"and {turn}"}]
-
-
 class Stack:
     """The stand-in, a slimeish router and an smg router, as real processes."""
 
@@ -106,6 +88,7 @@ class Stack:
         self._start([sys.executable, __file__, "--serve-standin", str(standin_port)], self.standin, log_dir, "standin")
         self._start([sys.executable, "-m", "slimeish", "router", "--model", str(model), "--engine", self.standin,
                      "--port", str(router_port)], self.router, log_dir, "router")  # fmt: skip
+        self.router_pid = self.procs[-1].pid
         smg = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))
         self._start([smg, "launch", "--host", "127.0.0.1", "--port", str(smg_port), "--worker-urls", self.standin,
                      "--policy", "round_robin"], self.smg, log_dir, "smg")  # fmt: skip
@@ -135,12 +118,18 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int) -> dic
         urls = [base + "/generate"] * concurrency
     else:
         urls = await session_urls(stack, path, concurrency)
-    episode = chat_episode if path == "chat" else tokens_episode
     lat: list[float] = []
+
+    async def session(step) -> None:
+        for _ in range(turns):
+            t0 = time.perf_counter()
+            await step(client)
+            lat.append(time.perf_counter() - t0)
+
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=120) as client:
         t0 = time.perf_counter()
-        await asyncio.gather(*(episode(client, url, turns, lat) for url in urls))
+        await asyncio.gather(*(session(_stepper(path, url)) for url in urls))
         wall = time.perf_counter() - t0
     lat.sort()
     return {
@@ -153,20 +142,47 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int) -> dic
     }
 
 
-async def turn_costs(stack: Stack, path: str, turns: int, episodes: int) -> list[float]:
-    """Median latency (ms) of each turn index of one long sequential episode."""
-    per_turn: list[list[float]] = [[] for _ in range(turns)]
+def cpu_seconds(pid: int) -> float:
+    """CPU time used so far by all threads of process `pid` (scheduler accounting, in ns)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks.iterdir()) / 1e9
+
+
+async def turn_costs(stack: Stack, path: str, sessions: int, turns: int) -> tuple[float, float, float, float]:
+    """Router CPU time per turn and client latency, at turn 1 and at turn `turns` of long episodes.
+
+    `sessions` episodes advance in lockstep, one request at a time; the router process's CPU time
+    is read around the first and the last turn, so other load on the machine does not count."""
+    urls = await session_urls(stack, path, sessions)
+    steppers = [_stepper(path, url) for url in urls]
+    cpu, wall = {}, {}
     async with httpx.AsyncClient(timeout=120) as client:
-        for _ in range(episodes):
-            if path == "direct":
-                url = stack.standin + "/generate"
-            else:
-                (url,) = await session_urls(stack, path, 1)
-            lat: list[float] = []
-            await (chat_episode if path == "chat" else tokens_episode)(client, url, turns, lat)
-            for i, x in enumerate(lat):
-                per_turn[i].append(x)
-    return [1000 * statistics.median(x) for x in per_turn]
+        for turn in range(turns):
+            c0, lat = cpu_seconds(stack.router_pid), []
+            for step in steppers:
+                t0 = time.perf_counter()
+                await step(client)
+                lat.append(time.perf_counter() - t0)
+            cpu[turn], wall[turn] = (cpu_seconds(stack.router_pid) - c0) / sessions, statistics.median(lat)
+    last = turns - 1
+    return 1e3 * cpu[0], 1e3 * cpu[last], 1e3 * wall[0], 1e3 * wall[last]
+
+
+def _stepper(path: str, url: str):
+    """One turn per call of a growing episode (token-in ids or chat messages)."""
+    ids = list(USER_TAIL)
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count with me"}]
+
+    async def step(client: httpx.AsyncClient) -> None:
+        nonlocal ids
+        if path == "chat":
+            r = await client.post(url, json={"model": "m", "messages": messages, "max_tokens": OUTPUT_LEN})
+            messages.extend([r.json()["choices"][0]["message"], {"role": "user", "content": f"and {len(messages)}"}])
+        else:
+            r = await client.post(url, json={"input_ids": ids, "sampling_params": {"max_new_tokens": OUTPUT_LEN}})
+            ids = ids + r.json()["output_ids"] + USER_TAIL
+
+    return step
 
 
 def table(rows: list[dict], direct: dict[int, dict]) -> str:
@@ -189,17 +205,15 @@ async def bench(args: argparse.Namespace, stack: Stack) -> str:
             rows.append(row)
             direct.setdefault(concurrency, row)
             print(row, flush=True)
-    lines = [table(rows, direct), "", "Per-turn cost of one long sequential episode (median ms over episodes):", ""]
-    lines += ["| path | turn 1 | turn 100 | router turn 1 | router turn 100 | ratio |", "|" + "---|" * 6]
-    base = await turn_costs(stack, "direct", args.long_turns, args.episodes)
+    lines = [table(rows, direct), "", f"Per-turn cost over {args.sessions} episodes of {args.long_turns} turns:", ""]
+    lines += [
+        f"| path | router CPU ms/turn, turn 1 | turn {args.long_turns} | ratio "
+        f"| client latency ms, turn 1 | turn {args.long_turns} |",
+        "|" + "---|" * 6,
+    ]
     for path in ("token-in", "chat"):
-        costs = await turn_costs(stack, path, args.long_turns, args.episodes)
-        # the router's own cost: its latency minus the direct latency at the same turn (same input size)
-        first, last = costs[0] - base[0], costs[-1] - base[-1]
-        lines.append(
-            f"| {path} | {costs[0]:.2f} | {costs[-1]:.2f} | {first:.2f} | {last:.2f} | {last / first:.2f}x |"
-        )
-    lines.append(f"| direct | {base[0]:.2f} | {base[-1]:.2f} | - | - | - |")
+        cpu1, cpu_n, wall1, wall_n = await turn_costs(stack, path, args.sessions, args.long_turns)
+        lines.append(f"| {path} | {cpu1:.2f} | {cpu_n:.2f} | {cpu_n / cpu1:.2f}x | {wall1:.2f} | {wall_n:.2f} |")
     return "\n".join(lines)
 
 
@@ -209,7 +223,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--turns", type=int, default=8, help="turns per session in the load test")
     parser.add_argument("--long-turns", type=int, default=100, help="turns of the long episode")
-    parser.add_argument("--episodes", type=int, default=5, help="long episodes (medians over them)")
+    parser.add_argument("--sessions", type=int, default=40, help="long episodes run in lockstep")
     args = parser.parse_args()
     if args.serve_standin:
         return serve_standin(args.serve_standin)
