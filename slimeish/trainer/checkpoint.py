@@ -25,26 +25,40 @@ class TrainerState:
     data_state: dict[str, Any] = field(default_factory=dict)  # the train loop's data position
 
 
-def save_checkpoint(
-    out_dir: Path, *, model: torch.nn.Module, optimizer: Any, state: TrainerState, rank: int = 0
-) -> Path:
+def save_checkpoint(out_dir: Path, *, model: torch.nn.Module, optimizer: Any, state: TrainerState) -> Path:
+    """Every rank writes its own model and optimizer files; rank 0 the state and the final rename."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    rank = _rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
     torch.save(model.state_dict(), tmp / f"model_rank{rank:03d}.pt")
     torch.save(optimizer.state_dict(), tmp / f"optimizer_rank{rank:03d}.pt")
-    (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    _barrier()
+    if rank == 0:
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    _barrier()
     return out_dir
 
 
-def load_checkpoint(ckpt_dir: Path, *, model: torch.nn.Module, optimizer: Any, rank: int = 0) -> TrainerState:
-    ckpt_dir = Path(ckpt_dir)
+def load_checkpoint(ckpt_dir: Path, *, model: torch.nn.Module, optimizer: Any) -> TrainerState:
+    ckpt_dir, rank = Path(ckpt_dir), _rank()
     if not (ckpt_dir / STATE_FILE).exists():
         raise ValueError(f"{ckpt_dir} is not a trainer checkpoint (no {STATE_FILE})")
     model.load_state_dict(torch.load(ckpt_dir / f"model_rank{rank:03d}.pt", weights_only=False))
     optimizer.load_state_dict(torch.load(ckpt_dir / f"optimizer_rank{rank:03d}.pt", weights_only=False))
     return TrainerState(**json.loads((ckpt_dir / STATE_FILE).read_text()))
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()

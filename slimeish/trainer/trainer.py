@@ -239,15 +239,11 @@ class Trainer:
     def save(self, out_dir: str | Path, data_state: dict[str, Any] | None = None) -> Path:
         if data_state is not None:
             self.state.data_state = data_state
-        return checkpoint.save_checkpoint(
-            Path(out_dir), model=self.model, optimizer=self.optimizer, state=self.state, rank=_global_rank()
-        )
+        return checkpoint.save_checkpoint(Path(out_dir), model=self.model, optimizer=self.optimizer, state=self.state)
 
     def load(self, ckpt_dir: str | Path) -> dict[str, Any]:
         """Restore model, optimizer and counters; returns the saved data position."""
-        self.state = checkpoint.load_checkpoint(
-            Path(ckpt_dir), model=self.model, optimizer=self.optimizer, rank=_global_rank()
-        )
+        self.state = checkpoint.load_checkpoint(Path(ckpt_dir), model=self.model, optimizer=self.optimizer)
         return self.state.data_state
 
 
