@@ -106,3 +106,18 @@ def test_bad_samples_are_rejected(trainer):
         Trainer(TrainerConfig(model_path=trainer.config.model_path), LossConfig(tis=True)).train_step(
             random_samples(1, 2)
         )
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_micro_batching_gives_the_full_batch_gradient(tiny_model, aggregation):
+    samples = random_samples(2, 3, seed=5)
+    samples[0].loss_mask[0] = 0  # tokens the model did not sample carry no loss
+    norms, tokens = [], []
+    for budget in (16, 10_000):  # one sequence per micro-batch vs the whole batch at once
+        trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=0.0, micro_batch_tokens=budget),
+                          LossConfig(loss_aggregation=aggregation))  # fmt: skip
+        metrics = trainer.train_step(samples)
+        norms.append(metrics["grad_norm"])
+        tokens.append(metrics["tokens"])
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+    assert tokens[0] == tokens[1] == sum(sum(s.loss_mask) for s in samples)
