@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from redis.driver_info import DriverInfo
 from redis.exceptions import ResponseError
 
 from buffer import scripts
@@ -60,7 +61,9 @@ class Buffer:
     def __init__(self, url: str, run_id: str, config: BufferConfig | None = None) -> None:
         self.keys = Keys(run_id)
         self.config = config or BufferConfig()
-        self.redis = Redis.from_url(url)  # uses the hiredis parser when it is installed
+        # hiredis parses replies when installed; one DriverInfo, or redis-py reads its package
+        # metadata again for every new pooled connection
+        self.redis = Redis.from_url(url, driver_info=DriverInfo())
         self._scripts = {name: self.redis.register_script(getattr(scripts, name)) for name in _SCRIPTS}
         self._batcher = ScriptBatcher(self.redis)
         self._filter: GroupFilter | None = None
@@ -126,12 +129,14 @@ class Buffer:
         reward: Reward | None = None,
         status: SessionStatus | str = SessionStatus.COMPLETED,
         metadata: dict[str, Any] | None = None,
-    ) -> list[Sample]:
+    ) -> bool:
         """Seal a session: build and store one Sample per segment, atomically with the group update.
 
         `reward=None` (and a status other than failed) leaves the reward for `set_reward`; the
         group becomes trainable once every member is failed or rewarded. A failed session has no
-        samples. A retried identical call changes nothing and returns the stored samples.
+        samples. Returns False if this exact finish was already stored (a retry): nothing changes.
+        Read the samples with `session_samples` (returning them here would cost every caller
+        the conversion of the arrays to lists).
         """
         status = SessionStatus(status)
         if status is SessionStatus.OPEN:
@@ -163,9 +168,7 @@ class Buffer:
             "FINISH_SESSION", [k.session(session_id), k.samples(session_id), k.group(gid), k.stats, k.ready], args
         )
         self._turns.pop(session_id, None)
-        if not sealed:
-            return await self.session_samples(session_id)
-        return [s.to_sample(reward) for s in samples]
+        return bool(sealed)
 
     async def fail_session(self, session_id: str, error: str = "") -> None:
         """Mark a session failed (never trained on); its group still completes."""
