@@ -21,6 +21,7 @@ collective); only global rank 0 talks to the engines.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -79,7 +80,9 @@ class WeightSync:
         self.config = config
         headers = {"Authorization": f"Bearer {config.admin_token}"} if config.router_url else {}
         self._client = httpx.Client(timeout=config.timeout_s, headers=headers)
-        self._disk_root = Path(config.disk_dir or tempfile.mkdtemp(prefix="slimeish-weights-"))
+        self._disk_root: Path | None = None
+        if config.method == "disk":
+            self._disk_root = Path(config.disk_dir or tempfile.mkdtemp(prefix="slimeish-weights-"))
         self._nccl = None
         if config.method == "distributed":
             from slimeish.trainer.nccl_broadcast import NcclWeightBroadcast
@@ -136,9 +139,9 @@ class WeightSync:
     def _prepare(self, trainer: SyncSource, version: str) -> tuple[dict[str, Any], Any]:
         if self.config.method == "distributed":
             return {"state": trainer.hf_state_dict()}, lambda: None
-        if self.config.method == "disk":
+        if self._disk_root is not None:
             out = trainer.export_hf(self._disk_root / f"v{version}")
-            return {"model_path": str(out), "weight_version": version}, lambda: None
+            return {"model_path": str(out), "weight_version": version}, lambda: _remove_older(out)
         path = self.config.shm_dir / f"slimeish-{os.getpid()}-v{version}.safetensors"
         save_file(trainer.hf_state_dict(), path)
         body = {
@@ -165,6 +168,13 @@ class WeightSync:
                 raise WeightSyncError(f"{url}: {data.get('message', data)}")
             replies.append(data)
         return replies
+
+
+def _remove_older(current: Path) -> None:
+    """Keep only the newest exported version: engines have loaded it, older ones are dead weight."""
+    for d in current.parent.glob("v*"):
+        if d != current and d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _global_rank() -> int:

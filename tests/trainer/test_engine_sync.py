@@ -51,8 +51,12 @@ def test_on_policy_step_then_sync_from_tensor_and_disk(tiny_model, engine, tmp_p
     trainer.train_step(fresh)
     with WeightSync(WeightSyncConfig(engine_urls=[url], method="disk", disk_dir=tmp_path)) as sync:
         sync.sync(trainer)
+        assert [p.name for p in tmp_path.iterdir()] == ["v2"]
+        trainer.state.weight_version += 1  # same weights under a new version
+        sync.sync(trainer)
+    assert [p.name for p in tmp_path.iterdir()] == ["v3"]  # older exports are removed
     fresh, versions = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=12, seed=300)
-    assert versions == {"2"}
+    assert versions == {"3"}
     assert _max_abs_diff(trainer, fresh) <= 1e-4
 
 
