@@ -128,9 +128,9 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int) -> dic
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds(stack.router_pid)
         await asyncio.gather(*(session(_stepper(path, url)) for url in urls))
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, cpu_seconds(stack.router_pid) - cpu0
     lat.sort()
     return {
         "path": path,
@@ -139,6 +139,7 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int) -> dic
         "rps": len(lat) / wall,
         "p50_ms": 1000 * lat[len(lat) // 2],
         "p99_ms": 1000 * lat[int(len(lat) * 0.99)],
+        "router_cpu_ms": 1000 * cpu / len(lat) if path in ("token-in", "chat") else None,
     }
 
 
@@ -186,12 +187,16 @@ def _stepper(path: str, url: str):
 
 
 def table(rows: list[dict], direct: dict[int, dict]) -> str:
-    out = ["| path | sessions | requests | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms |", "|" + "---|" * 8]
+    out = [
+        "| path | sessions | requests | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU ms/req |",
+        "|" + "---|" * 9,
+    ]
     for r in rows:
         d = direct[r["concurrency"]]
+        cpu = "-" if r["router_cpu_ms"] is None else f"{r['router_cpu_ms']:.2f}"
         out.append(
             f"| {r['path']} | {r['concurrency']} | {r['requests']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | "
-            f"{r['p99_ms']:.2f} | {r['p50_ms'] - d['p50_ms']:+.2f} | {r['p99_ms'] - d['p99_ms']:+.2f} |"
+            f"{r['p99_ms']:.2f} | {r['p50_ms'] - d['p50_ms']:+.2f} | {r['p99_ms'] - d['p99_ms']:+.2f} | {cpu} |"
         )
     return "\n".join(out)
 

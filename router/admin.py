@@ -45,7 +45,7 @@ async def create_session(request: Request) -> dict:
         raise APIError(400, str(e), param="index") from None
     info = SessionInfo(session.session_id, req.group_id, req.index, req.group_size, req.metadata)
     await state.store.open_session(info)
-    state.metrics.active_sessions.set(state.sessions.active())
+    state.metrics.active_sessions.inc()
     base = str(request.base_url).rstrip("/")
     return {
         "session_id": session.session_id,
@@ -76,7 +76,7 @@ async def finish_session(request: Request, session_id: str) -> dict:
     async with session.write_lock:  # after any turn still being written
         await state.store.finish_session(session_id, req.reward, req.status, req.metadata)
         session.seal(req)
-    state.metrics.active_sessions.set(state.sessions.active())
+    state.metrics.active_sessions.dec()
     return session.summary()
 
 

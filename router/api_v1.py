@@ -130,8 +130,10 @@ def stream_response(
         if any(g.finish_type == "abort" for g in result.generations):
             yield sse(APIError(503, "the engine aborted the generation", type="server_error").body())
             return
-        if session is not None:
+        if session is not None:  # before the finish reasons, so the agent's next turn sees this one
             await state.runner.record(session, plan, result.generations, result.answers, started)
+        for event in result.closing:
+            yield event
         if usage_chunk is not None:
             prompt = len(plan.input_ids)
             yield sse({**usage_chunk, "choices": [], "usage": R.usage(prompt, result.generations)})

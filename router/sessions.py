@@ -93,6 +93,3 @@ class SessionRegistry:
 
     def by_api_key(self, key: str) -> Session | None:
         return self.by_key.get(key)
-
-    def active(self) -> int:
-        return sum(1 for s in self.by_id.values() if s.finished is None)

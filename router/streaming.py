@@ -96,6 +96,7 @@ class StreamedTurn:
 
     generations: list[Generation] = field(default_factory=list)
     answers: list[Any] = field(default_factory=list)
+    closing: list[bytes] = field(default_factory=list)  # last deltas and finish reasons, sent after recording
 
 
 async def chat_events(
@@ -108,7 +109,8 @@ async def chat_events(
     token_logprobs: Callable[[list[list]], dict] | None,
     result: StreamedTurn,
 ) -> AsyncIterator[bytes]:
-    """OpenAI `chat.completion.chunk` events for an engine stream; fills `result` at the end."""
+    """OpenAI `chat.completion.chunk` events while the engine streams; at the end, fills `result`
+    (the closing events go there too, to be sent once the turn is recorded)."""
     accs = [ChoiceAccumulator() for _ in range(n)]
     texts = [ContentStream(parse_tools, stops) for _ in range(n)]
     for i in range(n):
@@ -127,10 +129,9 @@ async def chat_events(
         message["content"] = content or None
         deltas: list[dict] = [{"content": last}] if last else []
         deltas += [{"tool_calls": [{"index": j, **c}]} for j, c in enumerate(message.get("tool_calls") or [])]
-        for d in deltas:
-            yield sse({**head, "choices": [{"index": i, "delta": d}]})
+        result.closing += [sse({**head, "choices": [{"index": i, "delta": d}]}) for d in deltas]
         finish = "tool_calls" if message.get("tool_calls") else {"length": "length"}.get(gen.finish_type, "stop")
-        yield sse({**head, "choices": [{"index": i, "delta": {}, "finish_reason": finish}]})
+        result.closing.append(sse({**head, "choices": [{"index": i, "delta": {}, "finish_reason": finish}]}))
         result.generations.append(gen)
         result.answers.append(message)
 
@@ -138,7 +139,7 @@ async def chat_events(
 async def completion_events(
     chunks: AsyncIterator[tuple[dict, str]], head: dict, n: int, stops: list[str], result: StreamedTurn
 ) -> AsyncIterator[bytes]:
-    """OpenAI `text_completion` stream events; fills `result` at the end."""
+    """OpenAI `text_completion` stream events, as `chat_events`."""
     accs = [ChoiceAccumulator() for _ in range(n)]
     texts = [ContentStream(False, stops) for _ in range(n)]
     async for chunk, engine in chunks:
@@ -150,6 +151,7 @@ async def completion_events(
         gen = accs[i].generation()
         last, text = texts[i].finish(gen.text)
         finish = {"length": "length"}.get(gen.finish_type, "stop")
-        yield sse({**head, "choices": [{"index": i, "text": last, "logprobs": None, "finish_reason": finish}]})
+        choice = {"index": i, "text": last, "logprobs": None, "finish_reason": finish}
+        result.closing.append(sse({**head, "choices": [choice]}))
         result.generations.append(gen)
         result.answers.append(text)

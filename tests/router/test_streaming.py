@@ -69,6 +69,7 @@ async def test_tool_calls_stream_as_deltas_the_openai_types_accept():
     head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
     result = StreamedTurn()
     events = [e async for e in chat_events(engine_stream(CALL_TEXT), head, 1, True, [], to_message, None, result)]
+    events += result.closing
     chunks = [ChatCompletionChunk.model_validate(orjson.loads(e[6:])) for e in events]
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
     calls = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
