@@ -151,8 +151,12 @@ class Capture:
         )
 
     def _target(self, plan: TurnPlan) -> tuple[Segment, list[int], str | None]:
-        if plan.base_version is not None and self.segments[plan.segment_index].version == plan.base_version:
-            return self.segments[plan.segment_index], plan.prompt_ids, None
+        """The planned segment if nothing touched it since planning and it is still the latest;
+        otherwise a new segment (another turn of this session committed in between)."""
+        latest = self.segments[-1] if self.segments else None
+        planned = (plan.segment_index, plan.base_version)
+        if plan.base_version is not None and latest is not None and (latest.index, latest.version) == planned:
+            return latest, plan.prompt_ids, None
         reason = plan.split_reason if plan.base_version is None else H.CONCURRENT_TURN
         seg = Segment(index=len(self.segments), split_reason=reason)
         self.segments.append(seg)

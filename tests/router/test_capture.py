@@ -168,3 +168,14 @@ def test_invalid_new_message_is_rejected_before_planning(renderer):
     with pytest.raises(APIError, match=r"messages\.5"):
         cap.plan_chat([*hist, {"role": "tool", "content": "no id"}], None, validate_messages)
     assert len(cap.segments) == 1
+
+
+def test_a_turn_planned_before_another_split_starts_its_own_segment(renderer):
+    """Turn A extends segment 0; meanwhile turn B (a sub-agent) commits segment 1. Only the latest
+    segment may grow, so A lands in a new segment with its full prompt."""
+    cap, hist = episode(renderer)
+    plan_a = cap.plan_chat([*hist, {"role": "user", "content": "a"}], None, validate_messages)
+    plan_b = cap.plan_chat([SYSTEM, {"role": "user", "content": "sub-task"}], None, validate_messages)
+    sample(cap, None, plan=plan_b)
+    _, ca, _ = sample(cap, None, plan=plan_a)
+    assert (ca.segment_index, ca.split_reason, ca.prompt_ids) == (2, H.CONCURRENT_TURN, plan_a.input_ids)
