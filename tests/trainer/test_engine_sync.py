@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from trainer_helpers import engine_samples
+from trainer_helpers import engine_samples, router_samples
 
 from slimeish.procs import ManagedProcess, free_port, wait_http
 from slimeish.trainer.config import LossConfig, TrainerConfig
@@ -94,18 +94,23 @@ def test_sync_reports_engine_errors(engine, tmp_path):
     assert versions == before  # generation was continued and the version kept
 
 
-def test_sync_through_router_admin_fan_out(engine, tiny_model, tmp_path):
-    """The same client through the router's /admin endpoints (bearer admin token)."""
+def test_on_policy_through_router_then_sync_through_admin_fan_out(engine, tiny_model, tmp_path):
+    """Samples captured by a real router agree with a fresh trainer (PPO KL 0); the weight sync
+    then goes through the router's /admin endpoints (bearer admin token)."""
     port, token = free_port(), "admin-secret"
     argv = ["router", "--model", str(tiny_model), "--engine", engine, "--port", str(port), "--admin-token", token]
     with ManagedProcess.slimeish(*argv, log_path=tmp_path / "router.log") as router:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", timeout=60, proc=router.proc)
-        trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=1e-2))
-        samples, _ = engine_samples(engine, PROMPTS, group_size=2, max_new_tokens=6)
-        for i, s in enumerate(samples):
-            s.reward = float(i % 2)
-        trainer.train_step(samples)
+        trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=1e-2), LossConfig(old_log_probs="rollout"))
+        _, served = engine_samples(engine, PROMPTS[:1], group_size=1, max_new_tokens=1)
+        trainer.state.weight_version = int(served.pop()) + 1  # earlier tests in this module moved the engine on
+        with WeightSync(WeightSyncConfig(engine_urls=[engine], method="tensor")) as sync:
+            sync.sync(trainer)  # back to the initial weights, under a new version
+        samples = router_samples(url, token, PROMPTS, group_size=2, max_new_tokens=8)
+        assert _max_abs_diff(trainer, samples) <= 1e-4
+        metrics = trainer.train_step(samples)
+        assert abs(metrics["ppo_kl"]) <= 1e-6
         trainer.state.weight_version = 40 + trainer.weight_version  # distinct from the other tests' versions
         with WeightSync(WeightSyncConfig(router_url=url, admin_token="wrong")) as sync, pytest.raises(WeightSyncError):
             sync.sync(trainer)

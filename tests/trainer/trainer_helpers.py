@@ -49,3 +49,30 @@ def engine_samples(url: str, prompts: list[list[int]], group_size: int, max_new_
                            loss_mask=[1] * len(out), rollout_log_probs=logprobs, reward=0.0)
                 )  # fmt: skip
     return samples, versions
+
+
+def router_samples(router: str, admin_token: str, prompts: list[list[int]], group_size: int, max_new_tokens: int):
+    """Samples produced through the router: one session per answer, token-in `/s/<key>/generate`."""
+    samples = []
+    with httpx.Client(timeout=60) as client:
+        for g, prompt in enumerate(prompts):
+            for i in range(group_size):
+                session = (
+                    client.post(
+                        f"{router}/sessions",
+                        json={"group_id": f"g{g}", "index": i, "group_size": group_size, "metadata": {}},
+                        headers={"Authorization": f"Bearer {admin_token}"},
+                    )
+                    .raise_for_status()
+                    .json()
+                )
+                body = {"input_ids": prompt, "return_logprob": True,
+                        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0}}  # fmt: skip
+                reply = client.post(f"{router}/s/{session['api_key']}/generate", json=body).raise_for_status().json()
+                out = reply["output_ids"]
+                logprobs = [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]]
+                samples.append(
+                    Sample(group_index=g, index=i, tokens=prompt + out, response_length=len(out),
+                           loss_mask=[1] * len(out), rollout_log_probs=logprobs, reward=float(i % 2))
+                )  # fmt: skip
+    return samples
