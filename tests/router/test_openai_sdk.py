@@ -222,3 +222,35 @@ def test_metrics_expose_counters(router_app, path):
         "router_engine_healthy",
     ):
         assert name in text, name
+
+
+def test_every_generate_request_the_router_sent_fits_sglangs_schema(router_app):
+    """Runs after the other tests of this module: checks all the /generate bodies they caused."""
+    from slimeish.engine.sglang_schema import validate_generate_request
+
+    assert router_app.engine_log
+    for request, _ in router_app.engine_log:
+        decoded = validate_generate_request(request)
+        assert decoded.return_logprob is True and decoded.input_ids == request["input_ids"]
+
+
+def test_split_segments_become_separate_samples(router_app, renderer):
+    """An agent that truncates its history: two samples, each exact, the second with its reason."""
+    session = router_app.new_session()
+    client = client_for(session)
+    start = len(router_app.engine_log)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "one"}]
+    for content in ("two", "three"):
+        r = client.chat.completions.create(model="t", messages=messages, max_tokens=3, seed=1)
+        messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": content}]
+    truncated = [messages[0], *messages[3:]]  # drop the first exchange
+    client.chat.completions.create(model="t", messages=truncated, max_tokens=3, seed=1)
+    httpx.post(f"{router_app.url}/sessions/{session['session_id']}/finish", json={"reward": 1.0},
+               headers=router_app.admin).raise_for_status()  # fmt: skip
+    first, second = router_app.store.samples(session["session_id"])
+    calls = router_app.engine_log[start:]
+    assert (first.split_reason, second.split_reason) == (None, "history_truncated")
+    assert_exact_capture(first, calls[:2], renderer)
+    assert_exact_capture(second, calls[2:], renderer)
+    assert second.tokens[: second.prompt_length] == renderer.full_ids(truncated, None)
+    assert 'router_segments_total{reason="history_truncated"}' in httpx.get(router_app.url + "/metrics").text

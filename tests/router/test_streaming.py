@@ -79,3 +79,19 @@ async def test_tool_calls_stream_as_deltas_the_openai_types_accept():
     (gen,) = result.generations
     assert gen.output_ids == [5] * len(gen.logprobs) and gen.weight_versions == [3]
     assert result.answers[0]["content"] == content  # what the client assembled is what is recorded
+
+
+def test_tool_parse_failure_is_plain_content_and_counted():
+    from types import SimpleNamespace
+
+    from router.api_v1 import assistant_message
+    from router.metrics import RouterMetrics
+    from router.turns import Generation
+
+    state = SimpleNamespace(metrics=RouterMetrics())
+    bad = '<tool_call>{"name": "add", "arguments": {</tool_call>'
+    gen = Generation([5], [-0.1], bad, "stop", [0], "http://e", 3, {})
+    assert assistant_message(state, gen, parse_tools=True) == {"role": "assistant", "content": bad}
+    assert state.metrics.tool_parse_failures._value.get() == 1
+    assert assistant_message(state, gen, parse_tools=False)["content"] == bad  # tool_choice "none"
+    assert state.metrics.tool_parse_failures._value.get() == 1
