@@ -37,7 +37,8 @@ if size and size ~= ARGV[4] then
 end
 local holder = redis.call('HGET', KEYS[3], ARGV[3])
 if holder then
-  return redis.error_reply('CONFLICT index ' .. ARGV[3] .. ' of group ' .. ARGV[2] .. ' is taken by session ' .. holder)
+  return redis.error_reply('CONFLICT index ' .. ARGV[3] .. ' of group ' .. ARGV[2] .. ' is taken by session ' ..
+    holder .. ' (a group id names one generation of a prompt: generate it again under a new group id)')
 end
 local seq
 if size then
