@@ -254,3 +254,18 @@ def test_split_segments_become_separate_samples(router_app, renderer):
     assert_exact_capture(second, calls[2:], renderer)
     assert second.tokens[: second.prompt_length] == renderer.full_ids(truncated, None)
     assert 'router_segments_total{reason="history_truncated"}' in httpx.get(router_app.url + "/metrics").text
+
+
+def test_streaming_two_choices(router_app):
+    session = router_app.new_session()
+    chunks = list(
+        client_for(session).chat.completions.create(
+            model="t", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, stream=True
+        )
+    )
+    engine_chunks = router_app.engine_log[-1][1]["chunks"]
+    for i in range(2):
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+        assert text == [c for c in engine_chunks if c["index"] == i][-1]["text"]
+    record = router_app.record(session["session_id"])
+    assert [s["split_reason"] for s in record["segments"]] == [None, "parallel_choice"]
