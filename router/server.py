@@ -154,7 +154,11 @@ def _install_observability(app: FastAPI) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="slimeish router", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="slimeish router",
+        description="OpenAI-compatible sessions in front of SGLang-protocol engines; every turn's exact "
+        "tokens and log-probs are written to the buffer. See docs/router.md.",
+    )
     add_dataclass_args(parser, RouterConfig, "router")
     args = parser.parse_args(argv)
     # `--engine` is repeatable (`--engine A --engine B`); the generic list flag keeps only the last.
