@@ -102,7 +102,15 @@ class Buffer:
         """Register a session in its group (created on first use). False if it was already open (retry)."""
         info.validate()
         k, sid, gid = self.keys, info.session_id, info.group_id
-        args = [sid, gid, info.index, info.group_size, _json(info.metadata, "metadata"), time.time()]
+        args = [
+            sid,
+            gid,
+            info.index,
+            info.group_size,
+            _json(info.metadata, "metadata"),
+            time.time(),
+            int(info.trainable),
+        ]
         return bool(await self._run("OPEN_SESSION", [k.session(sid), k.group(gid), k.members(gid), k.stats], args))
 
     async def append_turn(self, turn: Turn) -> bool:

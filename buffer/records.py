@@ -37,6 +37,7 @@ class SessionInfo:
     index: int  # position in the group, 0 <= index < group_size
     group_size: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    trainable: bool = True  # False: an evaluation episode; its group is stored, never handed to a trainer
 
     def validate(self) -> None:
         if not self.session_id or not self.group_id:

@@ -7,13 +7,18 @@ built by buffer/keys.py.
 
 from __future__ import annotations
 
-# A group member is done once it failed or has a reward; the last one makes the group trainable.
+# A group member is done once it failed or has a reward; the last one makes the group trainable,
+# or, for an evaluation group (trainable = 0), stored and never queued for a trainer.
 # Expects KEYS group/stats/ready at 3/4/5 and locals gid, failed, now.
 _MEMBER_DONE = """
 local function member_done(gid, failed, now)
   local done = redis.call('HINCRBY', KEYS[3], 'done', 1)
   if failed then redis.call('HINCRBY', KEYS[3], 'failed', 1) end
-  if done == tonumber(redis.call('HGET', KEYS[3], 'size')) then
+  if done == tonumber(redis.call('HGET', KEYS[3], 'size')) and redis.call('HGET', KEYS[3], 'trainable') == '0' then
+    redis.call('HSET', KEYS[3], 'state', 'evaluated', 'completed_at', now)
+    redis.call('HINCRBY', KEYS[4], 'groups_open', -1)
+    redis.call('HINCRBY', KEYS[4], 'groups_evaluated', 1)
+  elseif done == tonumber(redis.call('HGET', KEYS[3], 'size')) then
     local entry = redis.call('XADD', KEYS[5], '*', 'group', gid)
     redis.call('HSET', KEYS[3], 'state', 'ready', 'entry', entry, 'completed_at', now)
     redis.call('HINCRBY', KEYS[4], 'groups_open', -1)
@@ -23,7 +28,7 @@ end
 """
 
 # KEYS: session, group, members, stats
-# ARGV: session_id, group_id, index, group_size, metadata_json, now
+# ARGV: session_id, group_id, index, group_size, metadata_json, now, trainable ('1' or '0')
 OPEN_SESSION = """
 local old_group = redis.call('HGET', KEYS[1], 'group_id')
 if old_group then
@@ -34,6 +39,10 @@ end
 local size = redis.call('HGET', KEYS[2], 'size')
 if size and size ~= ARGV[4] then
   return redis.error_reply('CONFLICT group ' .. ARGV[2] .. ' has size ' .. size .. ', not ' .. ARGV[4])
+end
+local trainable = redis.call('HGET', KEYS[2], 'trainable')
+if trainable and trainable ~= ARGV[7] then
+  return redis.error_reply('CONFLICT group ' .. ARGV[2] .. ' has trainable=' .. trainable .. ', not ' .. ARGV[7])
 end
 local holder = redis.call('HGET', KEYS[3], ARGV[3])
 if holder then
@@ -46,7 +55,7 @@ if size then
 else
   seq = redis.call('HINCRBY', KEYS[4], 'group_seq', 1) - 1
   redis.call('HSET', KEYS[2], 'size', ARGV[4], 'seq', seq, 'state', 'open', 'done', 0, 'failed', 0,
-    'metadata', ARGV[5], 'created_at', ARGV[6])
+    'metadata', ARGV[5], 'created_at', ARGV[6], 'trainable', ARGV[7])
   redis.call('HINCRBY', KEYS[4], 'groups_open', 1)
 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])

@@ -22,6 +22,7 @@ class BufferStats:
     groups_dropped_stale: int
     groups_filtered: int
     groups_given_back: int  # times a taken group was returned to the queue
+    groups_evaluated: int  # complete evaluation groups (stored, never trained)
     regenerate_queued: int  # stale groups whose prompt waits to be generated again
     bytes_turns: int  # turns as stored: the token data (ids, log-probs)
     bytes_samples: int  # sample headers written at finish
@@ -53,6 +54,7 @@ async def read_stats(redis: Redis, keys: Keys) -> BufferStats:
         groups_dropped_stale=c.get("groups_dropped_stale", 0),
         groups_filtered=c.get("groups_filtered", 0),
         groups_given_back=c.get("groups_given_back", 0),
+        groups_evaluated=c.get("groups_evaluated", 0),
         regenerate_queued=regenerate,
         bytes_turns=c.get("bytes_turns", 0),
         bytes_samples=c.get("bytes_samples", 0),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +42,11 @@ class RouterSessions:
         self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.client = client
 
-    async def open(self, group_id: str, index: int, group_size: int, metadata: dict[str, Any]) -> Session:
+    async def open(
+        self, group_id: str, index: int, group_size: int, metadata: dict[str, Any], *, trainable: bool = True
+    ) -> Session:
         body = {"group_id": group_id, "index": index, "group_size": group_size, "metadata": metadata}
+        body["trainable"] = trainable
         r = await self.client.post(f"{self.router_url}/sessions", json=body, headers=self.headers)
         r.raise_for_status()
         d = r.json()
@@ -59,9 +63,14 @@ class RouterSessions:
 EpisodeFn = Callable[[Session, Sample], Awaitable[Sample]]
 
 
+# Eval prompts are drawn afresh at every evaluation (and again after a resume): a per-process
+# nonce keeps their group ids unique. Training group indices never repeat within a run.
+_EVAL_NONCE = uuid.uuid4().hex[:8]
+
+
 def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
     """Training groups are named by their group index; eval groups live in their own namespace."""
-    return f"eval-{rollout_id}-{sample.group_index}" if evaluation else f"g{sample.group_index}"
+    return f"eval-{_EVAL_NONCE}-{rollout_id}-{sample.group_index}" if evaluation else f"g{sample.group_index}"
 
 
 async def run_groups(
@@ -76,7 +85,7 @@ async def run_groups(
             async with limit:
                 meta = {"prompt": sample.prompt, "label": sample.label, "eval": evaluation, **sample.metadata}
                 group_id = group_id_for(sample, evaluation, rollout_id)
-                session = await sessions.open(group_id, sample.index, group_size, meta)
+                session = await sessions.open(group_id, sample.index, group_size, meta, trainable=not evaluation)
                 sample.session_id = session.session_id
                 try:
                     sample = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)

@@ -43,7 +43,7 @@ async def create_session(request: Request) -> dict:
         session = state.sessions.create(req)
     except ValueError as e:
         raise APIError(400, str(e), param="index") from None
-    info = SessionInfo(session.session_id, req.group_id, req.index, req.group_size, req.metadata)
+    info = SessionInfo(session.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable)
     await state.store.open_session(info)
     state.metrics.active_sessions.inc()
     base = str(request.base_url).rstrip("/")

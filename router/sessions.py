@@ -21,6 +21,8 @@ class CreateSession(BaseModel):
     index: int = Field(0, ge=0)
     group_size: int = Field(1, ge=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # False for evaluation episodes: captured and stored like any other, never handed to a trainer.
+    trainable: bool = True
 
 
 class FinishSession(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from buffer_helpers import write_group, write_session
 
-from buffer import Buffer, BufferConfig, NotTakenError, SessionInfo, UnknownGroupError
+from buffer import Buffer, BufferConfig, ConflictError, NotTakenError, SessionInfo, UnknownGroupError
 
 
 async def test_take_ack_and_never_again(buf: Buffer, valkey, run_id):
@@ -122,3 +122,16 @@ async def test_failed_policy_and_filter_by_import_path(valkey, run_id):
 def test_bad_filter_path_fails_at_construction(valkey, run_id):
     with pytest.raises(ValueError, match="expected def keep"):
         Buffer(valkey.url, run_id, BufferConfig(group_filter_path="buffer.filters.no_such_filter"))
+
+
+async def test_evaluation_groups_are_stored_but_never_handed_out(buf: Buffer):
+    for i in range(2):
+        await buf.open_session(SessionInfo(f"e-{i}", "eval-1", i, 2, {"prompt": "p"}, trainable=False))
+        await buf.finish_session(f"e-{i}", 1.0)
+    await write_group(buf, "g1", 2)
+    assert [g.group_id for g in await buf.take_groups(5, "trainer")] == ["g1"]
+    stats = await buf.stats()
+    assert (stats.groups_evaluated, stats.groups_open, stats.groups_taken) == (1, 0, 1)
+    assert [s.reward for s in await buf.session_samples("e-0")] == []  # no turns: no segment samples
+    with pytest.raises(ConflictError, match="trainable"):  # one group cannot mix the two kinds
+        await buf.open_session(SessionInfo("x", "eval-1", 1, 2, {}, trainable=True))
