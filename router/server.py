@@ -161,10 +161,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_dataclass_args(parser, RouterConfig, "router")
     args = parser.parse_args(argv)
-    # `--engine` is repeatable (`--engine A --engine B`); the generic list flag keeps only the last.
-    repeated = argparse.ArgumentParser(add_help=False)
-    repeated.add_argument("--engine", action="extend", nargs="*", default=[])
-    args.engine = repeated.parse_known_args(argv)[0].engine
     try:
         config = from_namespace(RouterConfig, args)
     except ValueError as e:

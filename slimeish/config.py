@@ -54,7 +54,10 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, title: str | 
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
-        help_ = f"{help_} (default: {default})" if not required else f"{help_} (required)"
+        if required:
+            help_ = f"{help_} (required)"
+        elif "default" not in help_:  # the help already explains its default
+            help_ = f"{help_} (default: {default})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
         if tp is bool:
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
