@@ -52,7 +52,15 @@ def read_prompts(path: Path, cfg: DataConfig) -> list[Sample]:
 class DataSource:
     """Serves groups of prompt samples in epochs; `state()`/`load_state()` make it resumable."""
 
-    def __init__(self, prompts: list[Sample], n_samples_per_prompt: int, *, shuffle: bool = True, seed: int = 0):
+    def __init__(
+        self,
+        prompts: list[Sample],
+        n_samples_per_prompt: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        state_path: Path | None = None,
+    ):
         self.prompts = prompts
         self.n_samples_per_prompt = n_samples_per_prompt
         self.shuffle = shuffle
@@ -63,6 +71,9 @@ class DataSource:
         self._order = self._epoch_order()
         self._returned: list[Sample] = []
         self._lock = threading.Lock()  # async mode runs several rollout batches in threads
+        # Written whenever prompts are handed out, before any episode of them starts: a resumed
+        # run continues after every group the killed run may have opened, so group ids never repeat.
+        self.state_path = state_path
 
     def _epoch_order(self) -> list[int]:
         order = list(range(len(self.prompts)))
@@ -82,7 +93,12 @@ class DataSource:
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
         with self._lock:
-            return [self._next_group() for _ in range(num_groups)]
+            groups = [self._next_group() for _ in range(num_groups)]
+            if self.state_path is not None:
+                tmp = self.state_path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(self.state()))
+                tmp.replace(self.state_path)
+            return groups
 
     def _next_group(self) -> list[Sample]:
         prompt = self._next_prompt()

@@ -177,14 +177,11 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
 async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, version: int, mode: str) -> list[Group]:
     """`n` trainable groups. Whatever is ready is taken first (groups re-delivered after a crash,
     leftovers of a short batch); only then does sync mode generate a batch, and async mode wait
-    for the producer. Eval groups share the buffer and are consumed unused."""
+    for the producer."""
     groups: list[Group] = []
     while len(groups) < n:
         taken = await buffer.take_groups(n - len(groups), CONSUMER, version)
-        evals = [g.group_id for g in taken if g.metadata.get("eval")]
-        if evals:
-            await buffer.ack(evals)
-        groups += [g for g in taken if not g.metadata.get("eval")]
+        groups += taken
         if taken:
             continue
         if mode == "sync":
@@ -253,9 +250,12 @@ def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
 def _train_source(setup: TrainSetup) -> DataSource:
     if setup.data.prompt_data is None:
         raise ValueError("--prompt-data is required")
-    prompts = read_prompts(setup.data.prompt_data, setup.data)
     return DataSource(
-        prompts, setup.rollout.n_samples_per_prompt, shuffle=setup.data.shuffle, seed=setup.data.shuffle_seed
+        read_prompts(setup.data.prompt_data, setup.data),
+        setup.rollout.n_samples_per_prompt,
+        shuffle=setup.data.shuffle,
+        seed=setup.data.shuffle_seed,
+        state_path=setup.run.run_dir / "data_state.json",
     )
 
 
@@ -274,10 +274,14 @@ def _save(trainer: Any, data: DataSource, root: Path, step: int) -> None:
 
 
 def _resume(trainer: Any, data: DataSource, load: Path | None) -> int:
+    """Restore the trainer from `load`; prompts continue after the last ones handed out (the
+    run dir's data_state.json), not the checkpoint's: groups opened after the checkpoint are
+    still in the buffer and will be trained, so their prompts must not be generated again."""
     if load is None:
         return 0
     state = trainer.load(load)
-    data.load_state(state)
+    drawn = data.state_path and data.state_path.exists() and json.loads(data.state_path.read_text())
+    data.load_state(drawn or state)
     return int(state["rollout_step"])
 
 

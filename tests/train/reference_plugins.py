@@ -32,3 +32,8 @@ def not_async_reward(args, sample):
 
 async def reward_missing_sample(args):
     return 0.0
+
+
+async def first_token_parity(args, sample):
+    """A reward that varies across samples (so GRPO advantages are non-zero) and needs no task."""
+    return float(sample.tokens[sample.prompt_length] % 2) if sample.response_length else 0.0

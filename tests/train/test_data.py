@@ -44,3 +44,10 @@ def test_given_back_prompts_come_first():
     source.give_back_prompt("old", label="L")
     (group,) = source.get_samples(1)
     assert [s.prompt for s in group] == ["old", "old"] and group[0].label == "L"
+
+
+def test_state_file_is_written_whenever_prompts_are_drawn(tmp_path):
+    path = tmp_path / "data_state.json"
+    source = DataSource([Sample(prompt=str(i)) for i in range(3)], 1, state_path=path)
+    source.get_samples(2)
+    assert json.loads(path.read_text()) == source.state() == {"epoch": 0, "offset": 2, "next_group_index": 2}

@@ -1,0 +1,123 @@
+"""`slimeish train` end to end: real buffer, engine, router and Megatron trainer processes.
+
+Short runs of the token-in rollout on a tiny random model; the reward is a reference plugin.
+The buffer is started by the test so it outlives a SIGKILLed trainer, as a remote Redis would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from buffer import Buffer, EmbeddedServer
+from slimeish.procs import ManagedProcess
+
+pytestmark = pytest.mark.slow
+REWARD = "tests.train.reference_plugins.first_token_parity"
+
+
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory):
+    with EmbeddedServer(tmp_path_factory.mktemp("valkey-train")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("prompts")
+    words = "apple banana cherry grape lemon mango olive peach".split()
+    rows = [{"prompt": [{"role": "user", "content": f"say {w}"}], "label": w} for w in words]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    return {"train": root / "train.jsonl", "eval": root / "eval.jsonl"}
+
+
+def train_argv(model: Path, prompts: dict[str, Path], run_dir: Path, buffer_url: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "slimeish", "train", "--model-path", str(model), "--run-dir", str(run_dir),
+        "--buffer-url", buffer_url, "--prompt-data", str(prompts["train"]),
+        "--eval-prompt-data", str(prompts["eval"]), "--custom-rm-path", REWARD,
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
+        "--lr", "1e-4", *extra,
+    ]  # fmt: skip
+
+
+def run_train(argv: list[str], log: Path, timeout: float = 240) -> None:
+    with ManagedProcess(argv, log_path=log) as proc:
+        assert proc.proc.wait(timeout) == 0, log.read_text()[-3000:]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "trained_groups.jsonl").read_text().splitlines()]
+
+
+def trained_count(url: str, run_id: str) -> int:
+    async def read() -> int:
+        async with Buffer(url, run_id) as buf:
+            return (await buf.stats()).groups_trained
+
+    return asyncio.run(read())
+
+
+def test_sync_run_is_on_policy_and_trains_each_group_once(tiny_model, prompts, valkey, tmp_path):
+    run_dir = tmp_path / "sync"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--eval-interval", "2")
+    run_train(argv, tmp_path / "sync.log")
+    rows = metrics(run_dir)
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [0, 1, 2]
+    for r in steps:  # every batch was sampled by the weights that train on it
+        assert r["train/rollout_logprob_abs_diff_max"] <= 1e-4
+        assert r["rollout/staleness_max"] == 0 and r["train/weight_version"] == r["step"] + 1
+    assert [r["step"] for r in rows if "eval/reward_mean" in r] == [0, 2, 3]
+    groups = [g for line in ledger(run_dir) for g in line["groups"]]
+    assert len(groups) == 6 and len(set(groups)) == 6
+    assert trained_count(valkey.url, "sync") == len(groups)
+    assert (run_dir / "reward.png").exists() and (run_dir / "checkpoints" / "latest").exists()
+
+
+def test_async_run_respects_the_staleness_bound(tiny_model, prompts, valkey, tmp_path):
+    run_dir = tmp_path / "async"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "4", "--mode", "async",
+                      "--max-staleness", "1")  # fmt: skip
+    run_train(argv, tmp_path / "async.log")
+    steps = [r for r in metrics(run_dir) if "train/loss" in r]
+    assert [r["step"] for r in steps] == [0, 1, 2, 3]
+    assert all(r["rollout/staleness_max"] <= 1 for r in steps)
+    groups = [g for line in ledger(run_dir) for g in line["groups"]]
+    assert len(groups) == len(set(groups)) == 8
+
+
+def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, prompts, valkey, tmp_path):
+    run_dir = tmp_path / "resume"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "6", "--save-interval", "2")
+    with ManagedProcess(argv, log_path=tmp_path / "first.log") as first:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists() or len(metrics(run_dir)) < 3:  # steps 0-2 done
+            assert time.monotonic() < deadline and first.proc.poll() is None, (tmp_path / "first.log").read_text()
+            time.sleep(0.2)
+        first.kill(signal.SIGKILL)
+        first.proc.wait()
+    killed = ledger(run_dir)
+    checkpoint = json.loads((run_dir / "checkpoints" / "latest" / "trainer_state.json").read_text())
+    resumed_from = checkpoint["data_state"]["rollout_step"]
+    assert resumed_from in (2, 4)
+    lost_training = {g for line in killed if line["step"] >= resumed_from for g in line["groups"]}
+
+    run_train([*argv, "--load", str(run_dir / "checkpoints" / "latest")], tmp_path / "second.log")
+    final = ledger(run_dir)
+    assert [line["step"] for line in final] == list(range(6))
+    groups = [g for line in final for g in line["groups"]]
+    assert len(groups) == len(set(groups)), "a group was trained twice"
+    assert lost_training <= set(groups), "groups trained after the last checkpoint were not re-trained"
+    assert trained_count(valkey.url, "resume") == len(groups)
