@@ -1,0 +1,51 @@
+"""Write docs/cli.md from the real parsers: `python -m slimeish.cli_docs > docs/cli.md`.
+
+Generated rather than hand-written so the reference can never drift from `--help`; a test
+checks that the committed file is current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+from slimeish.cli import COMMANDS, main
+
+# (argv, heading) in reading order; nested subcommands get their own section.
+PAGES = [
+    (["train"], "slimeish train"),
+    (["router"], "slimeish router"),
+    (["engine"], "slimeish engine"),
+    (["buffer", "serve"], "slimeish buffer serve"),
+    (["buffer", "stats"], "slimeish buffer stats"),
+    (["buffer", "export"], "slimeish buffer export"),
+    (["make-tiny-model"], "slimeish make-tiny-model"),
+]
+
+HEADER = """# Command-line reference
+
+Generated from the parsers by `python -m slimeish.cli_docs > docs/cli.md`; every flag of
+`slimeish train` can also be set in a YAML file given with `--config` (same names, dashes or
+underscores; flags on the command line win).
+
+"""
+
+
+def help_text(argv: list[str]) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main([*argv, "--help"])
+    return out.getvalue().rstrip()
+
+
+def render() -> str:
+    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: fix it for a stable file
+    commands = "\n".join(f"| `slimeish {name}` | {help_} |" for name, (_, help_) in COMMANDS.items())
+    parts = [HEADER, "| command | what it does |\n|---|---|\n" + commands + "\n"]
+    parts += [f"\n## `{title}`\n\n```text\n{help_text(argv)}\n```\n" for argv, title in PAGES]
+    return "".join(parts)
+
+
+if __name__ == "__main__":
+    print(render(), end="")
