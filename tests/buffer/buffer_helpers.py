@@ -1,4 +1,4 @@
-"""Small writers shared by the buffer tests (imported as a module; tests/buffer is on sys.path)."""
+"""Small writers shared by the buffer tests ."""
 
 from __future__ import annotations
 

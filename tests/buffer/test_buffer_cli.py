@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from buffer_helpers import write_group
 
 from buffer import Buffer, EmbeddedServer
 from buffer.cli import main
 from buffer.server import SERVER_INFO, connect_or_start, running_server_url
 from slimeish.procs import ManagedProcess, free_port
+from tests.buffer.buffer_helpers import write_group
 
 REPO = str(Path(__file__).resolve().parents[2])
 

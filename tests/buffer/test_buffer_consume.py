@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from buffer_helpers import write_group, write_session
 
 from buffer import Buffer, BufferConfig, ConflictError, NotTakenError, SessionInfo, UnknownGroupError
+from tests.buffer.buffer_helpers import write_group, write_session
 
 
 async def test_take_ack_and_never_again(buf: Buffer, valkey, run_id):

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import redis
-from buffer_helpers import write_group
 
 from buffer import Buffer, EmbeddedServer
 from buffer.keys import Keys
 from slimeish.procs import ManagedProcess
+from tests.buffer.buffer_helpers import write_group
 
 PROCS = str(Path(__file__).with_name("buffer_procs.py"))
 REPO = str(Path(__file__).resolve().parents[2])

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from buffer_helpers import turn
 
 from buffer import BufferInputError, Turn
 from buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
 from buffer.segments import assemble, build_samples, check_next_turn
 from slimeish.types import Sample
+from tests.buffer.buffer_helpers import turn
 
 
 def samples(turns: list[Turn], status: str = "completed", **kw) -> list[Sample]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import redis
-from buffer_helpers import turn, write_session
 
 from buffer import (
     Buffer,
@@ -15,6 +14,7 @@ from buffer import (
     UnknownSessionError,
 )
 from buffer.keys import PREFIX
+from tests.buffer.buffer_helpers import turn, write_session
 
 
 def snapshot(url: str, run_id: str) -> dict[bytes, bytes]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from trainer_helpers import engine_samples, router_samples
 
 from slimeish.procs import ManagedProcess, free_port, wait_http
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError
+from tests.trainer.trainer_helpers import engine_samples, router_samples
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 51, 52]]
 

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import random_samples
 from transformers import AutoModelForCausalLM
 
 from slimeish.trainer.batching import pack_micro_batches, split_global_batches
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.optimizer import lr_at
 from slimeish.trainer.trainer import Trainer
+from tests.trainer.trainer_helpers import random_samples
 
 
 def test_packing_respects_token_budget_and_covers_every_sample():
