@@ -4,16 +4,17 @@ The rollout function is slime's synchronous `generate_rollout(args, rollout_id, 
 runs in a worker thread so the trainer's event loop stays free. Groups it captured through router
 sessions are already in the buffer. Samples it produced some other way (a slime plugin calling an
 engine directly) are written to the buffer here, one session per sample, so the trainer always
-reads whole groups from one place. In async mode, `start()` keeps up to `ahead` rollout batches in
-flight while the trainer trains.
+reads whole groups from one place.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from buffer.client import Buffer
@@ -83,6 +84,11 @@ async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], run_tag: 
 
 
 class RolloutProducer:
+    """Runs the rollout function. Sync mode: `run_once()` per training step. Async mode:
+    `start(max_groups)` streams groups one at a time from as many workers, keeping at most
+    `max_groups` generated but not yet taken by the trainer, so a slow episode holds back only
+    its own group, never a whole batch; the trainer frees slots with `release(n)`."""
+
     def __init__(self, rollout_fn: Callable[..., Any], args: Any, data: DataSource, buffer: Buffer):
         self.rollout_fn = rollout_fn
         self.args = args
@@ -92,43 +98,48 @@ class RolloutProducer:
         self.metrics: dict[str, float] = {}
         self._tasks: list[asyncio.Task] = []
         self._slots: asyncio.Semaphore | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
-    async def run_once(self) -> dict[str, float]:
-        """One rollout batch: regenerated prompts first, then new ones; returns its metrics."""
-        for request in await self.buffer.pop_regenerate(self.args.rollout_batch_size):
-            meta = request.metadata
-            self.data.give_back_prompt(meta.get("prompt"), meta.get("label"))
+    async def run_once(self, args: Any = None) -> dict[str, float]:
+        """One rollout call (a batch, or one group in async mode): regenerations first."""
+        args = args or self.args
+        for request in await self.buffer.pop_regenerate(args.rollout_batch_size):
+            self.data.give_back_prompt(request.metadata.get("prompt"), request.metadata.get("label"))
         rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
-        out = await asyncio.to_thread(self.rollout_fn, self.args, rollout_id, self.data)
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data)
         if not isinstance(out, RolloutFnTrainOutput):
             raise TypeError(f"the rollout function returned {type(out).__name__}, expected RolloutFnTrainOutput")
         await store_uncaptured(self.buffer, out.samples, f"r{rollout_id}")
         self.metrics = {f"episodes/{k}": v for k, v in out.metrics.items()}
         return self.metrics
 
-    def start(self, ahead: int) -> None:
-        """Async mode: keep `ahead` rollout batches running; `release()` after each trained batch."""
-        self._slots = asyncio.Semaphore(ahead)
-        self._tasks = [asyncio.create_task(self._loop())]
+    def start(self, max_groups: int) -> None:
+        self._slots = asyncio.Semaphore(max_groups)
+        # One thread per worker: each rollout call runs its own event loop in its thread.
+        self._executor = ThreadPoolExecutor(max_workers=max_groups, thread_name_prefix="rollout")
+        one_group = argparse.Namespace(**{**vars(self.args), "rollout_batch_size": 1})
+        self._tasks = [asyncio.create_task(self._worker(one_group)) for _ in range(max_groups)]
 
-    async def _loop(self) -> None:
+    async def _worker(self, args: Any) -> None:
         while True:
             await self._slots.acquire()
-            self._tasks.append(asyncio.create_task(self._guarded()))
+            try:
+                await self.run_once(args)
+            except Exception:
+                log.exception("rollout of one group failed; its slot is freed")
+                self._slots.release()
 
-    async def _guarded(self) -> None:
-        try:
-            await self.run_once()
-        except Exception:
-            log.exception("rollout batch failed")
-            self.release()
-
-    def release(self) -> None:
-        """A rollout batch was consumed by the trainer: allow the next one to start."""
+    def release(self, n: int) -> None:
+        """The trainer took `n` groups: let as many new ones start."""
         if self._slots is not None:
-            self._slots.release()
+            for _ in range(n):
+                self._slots.release()
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._executor is not None:
+            # Rollout calls in flight finish on their own; the run's processes stop right after.
+            self._executor.shutdown(wait=False, cancel_futures=True)

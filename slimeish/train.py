@@ -1,9 +1,9 @@
 """`slimeish train`: start the parts, then generate → train → sync weights, in one loop.
 
 Sync mode runs the three phases in turn. Async mode keeps episodes running while the trainer
-trains: a producer task generates rollout batches ahead of the trainer (at most
-`max_staleness + 1` batches ahead), weights update in place (pause → flush → update → continue,
-no request aborted), and the buffer refuses groups older than `--max-staleness` versions, whose
+trains: the producer streams groups, keeping at most `(max_staleness + 1) * rollout_batch_size`
+generated but not yet trained; weights update in place (pause → flush → update → continue, no
+request aborted), and the buffer refuses groups older than `--max-staleness` versions, whose
 prompts come back through the regeneration queue.
 """
 
@@ -145,7 +145,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
         producer = RolloutProducer(rollout_fn, args, data, buffer)
         if run.mode == "async":
-            producer.start(ahead=(setup.buffer.max_staleness or 0) + 1)
+            producer.start(max_groups=((setup.buffer.max_staleness or 0) + 1) * n_groups)
         progress = tqdm(range(start, run.num_rollout), initial=start, total=run.num_rollout, desc="rollout steps")
         for step in progress:
             metrics: dict[str, Any] = {}
@@ -188,7 +188,7 @@ async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, vers
             await producer.run_once()
         else:
             await asyncio.sleep(0.05)
-    producer.release()
+    producer.release(len(groups))
     return groups
 
 
