@@ -1,0 +1,1 @@
+"""An external agent program trained through `rollout_functions.agent_command`."""

@@ -1,0 +1,1 @@
+"""Math RL against SGLang servers (or the embedded CPU engine): data, reward, one command."""
