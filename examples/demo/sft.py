@@ -9,6 +9,13 @@ everything above that in the demo is learned by RL.
 
 Transcripts are rendered with the model's own chat template, turn by turn the way the router
 renders them, and the loss covers the assistant's tokens only (what the policy will sample).
+
+Copying the numbers (into the call, then from the tool result into the answer) is the slow part
+for a tiny, randomly initialised model, and the tools block the template puts in front of every
+prompt makes each transcript ~8x longer. So the warm-start runs in two phases: first the same
+turns rendered without the tools block (short, cheap, big batches, same relative layout of
+question and answer, which is what rotary attention learns from), then a few steps on the full
+prompt the router will render, so the model is at home in its real context.
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ from slimeish.config import add_dataclass_args, from_namespace, help_field
 
 @dataclass(kw_only=True)
 class SFTConfig:
-    steps: int = help_field(300, help="optimizer steps")
-    batch_size: int = help_field(16, help="transcripts per step")
-    lr: float = help_field(3e-3, help="peak AdamW learning rate (linear warm-up, cosine decay)")
+    short_steps: int = help_field(400, help="phase 1 steps on transcripts without the tools block")
+    short_batch_size: int = help_field(64, help="phase 1 transcripts per step")
+    steps: int = help_field(200, help="phase 2 steps, every other one on full transcripts (as the router renders)")
+    batch_size: int = help_field(8, help="phase 2 transcripts per step")
+    lr: float = help_field(3e-3, help="peak AdamW learning rate (linear warm-up, cosine decay over both phases)")
     warmup_steps: int = help_field(20, help="linear warm-up steps")
     seed: int = help_field(0, help="seed for the random tool choice and data order")
     threads: int = help_field(2, help="torch CPU threads")
@@ -57,7 +66,9 @@ def episode_messages(problem: Problem, tool: str) -> list[dict[str, Any]]:
     ]
 
 
-def render_with_mask(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+def render_with_mask(
+    tokenizer, messages: list[dict[str, Any]], tools: list | None = TOOLS
+) -> tuple[list[int], list[int]]:
     """Token ids of the chat and a mask that is 1 on the assistant's own tokens.
 
     Each message is rendered as the text it adds to the conversation and tokenized on its own,
@@ -68,9 +79,9 @@ def render_with_mask(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[in
     rendered = ""
     for end, message in enumerate(messages, start=1):
         is_assistant = message["role"] == "assistant"
-        text = _render(tokenizer, messages[:end], add_generation_prompt=False)
+        text = _render(tokenizer, messages[:end], False, tools)
         if is_assistant:  # the prompt part: everything up to and including "<|im_start|>assistant\n"
-            prompt = _render(tokenizer, messages[: end - 1], add_generation_prompt=True)
+            prompt = _render(tokenizer, messages[: end - 1], True, tools)
             ids += _encode(tokenizer, prompt[len(rendered) :])
             mask += [0] * (len(ids) - len(mask))
             generated = text[len(prompt) :].removesuffix("\n")
@@ -80,9 +91,9 @@ def render_with_mask(tokenizer, messages: list[dict[str, Any]]) -> tuple[list[in
     return ids, mask
 
 
-def _render(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+def _render(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list | None) -> str:
     return tokenizer.apply_chat_template(
-        messages, tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
     )
 
 
@@ -90,10 +101,11 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def make_batch(tokenizer, problems: list[Problem], rng: random.Random):  # -> (ids, labels, attention) tensors
+def make_batch(tokenizer, problems: list[Problem], rng: random.Random, tools: list | None):  # -> 3 tensors
+    """(input_ids, labels, attention_mask) for one step, right-padded."""
     import torch
 
-    rows = [render_with_mask(tokenizer, episode_messages(p, rng.choice(TOOL_NAMES))) for p in problems]
+    rows = [render_with_mask(tokenizer, episode_messages(p, rng.choice(TOOL_NAMES)), tools) for p in problems]
     width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.full((len(rows), width), pad)
@@ -118,19 +130,27 @@ def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Pat
     train, _ = make_splits(task)  # never trains on eval problems, even for the format
     rng = random.Random(cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    schedule = get_cosine_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.steps)
+    total = cfg.short_steps + cfg.steps
+    schedule = get_cosine_schedule_with_warmup(optimizer, cfg.warmup_steps, total)
     model.train()
     start = time.monotonic()
-    for step in range(1, cfg.steps + 1):
-        input_ids, labels, attention = make_batch(tokenizer, rng.sample(train, cfg.batch_size), rng)
+    for step in range(1, total + 1):
+        # phase 2 alternates full and short batches: the full ones teach the copying to look past
+        # the long tools block, the short ones keep it from being unlearned meanwhile
+        short = step <= cfg.short_steps or (step - cfg.short_steps) % 2 == 0
+        size, tools = (cfg.short_batch_size, None) if short else (cfg.batch_size, TOOLS)
+        input_ids, labels, attention = make_batch(tokenizer, [rng.choice(train) for _ in range(size)], rng, tools)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % 25 == 0 or step == cfg.steps:
-            print(f"[warm-start sft] step {step}/{cfg.steps} loss {loss.item():.4f} {time.monotonic() - start:.0f}s")
+        if step % 25 == 0 or step == total:
+            phase = "short" if short else "full"
+            print(
+                f"[warm-start sft] step {step}/{total} ({phase}) loss {loss.item():.4f} {time.monotonic() - start:.0f}s"
+            )
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
