@@ -1,0 +1,72 @@
+"""A stand-in OpenAI-compatible server on loopback, for the examples' unit tests.
+
+It replaces the slimeish router (its `/v1/chat/completions`) and an SGLang server (its
+`/model_info`) so the example agent runs through the real `openai` SDK over real HTTP, without an
+engine or a model. Chat replies are scripted per test; every request is recorded with its
+`Authorization` header.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from slimeish.procs import free_port
+
+
+@dataclass
+class StandInServer:
+    url: str
+    replies: list[str] = field(default_factory=list)  # assistant contents, answered in order
+    requests: list[dict[str, Any]] = field(default_factory=list)  # {"auth", "body"}
+    weight_version: str = "0"
+
+
+def build_app(state: StandInServer) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict[str, Any]:
+        state.requests.append({"auth": request.headers.get("authorization"), "body": await request.json()})
+        content = state.replies.pop(0)
+        message = {"role": "assistant", "content": content}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return {"id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
+
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return {"model_path": "stand-in", "weight_version": state.weight_version}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def stand_in_server() -> Iterator[StandInServer]:
+    port = free_port()
+    state = StandInServer(url=f"http://127.0.0.1:{port}")
+    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "stand-in server did not start"
+        time.sleep(0.01)
+    yield state
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+@pytest.fixture
+def server(stand_in_server: StandInServer) -> StandInServer:
+    """The module's stand-in server with a clean record for this test."""
+    stand_in_server.replies.clear()
+    stand_in_server.requests.clear()
+    stand_in_server.weight_version = "0"
+    return stand_in_server
