@@ -24,13 +24,20 @@ MAX_TOKENS = 40  # the longest correct turn is about 30 tokens
 
 
 async def solve(
-    client: openai.AsyncOpenAI, question: str, model: str = "default", temperature: float = 1.0
+    client: openai.AsyncOpenAI, question: str, model: str = "default", temperature: float | None = None
 ) -> str | None:
-    """Answer `question`, running the tools the model calls; returns the final text."""
+    """Answer `question`, running the tools the model calls; returns the final text.
+
+    Without `temperature` the server's default applies (for a training session, the router's).
+    """
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
     for _ in range(MAX_TURNS):
         completion = await client.chat.completions.create(
-            model=model, messages=messages, tools=TOOLS, max_tokens=MAX_TOKENS, temperature=temperature
+            model=model,
+            messages=messages,
+            tools=TOOLS,
+            max_tokens=MAX_TOKENS,
+            temperature=openai.omit if temperature is None else temperature,
         )
         message = completion.choices[0].message
         if not message.tool_calls:
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default="none", help="API key (a router session's key)")
     parser.add_argument("--model", default="default", help="model name sent in the request")
     parser.add_argument("--question", default="What is 17 plus 25?", help="the question to answer")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (server default)")
     asyncio.run(_main(parser.parse_args(argv)))
 
 

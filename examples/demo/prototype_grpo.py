@@ -57,14 +57,14 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 @torch.no_grad()
-def _generate(model, tokenizer, contexts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Sample (temperature 1) one continuation per context, cut after the first <|im_end|>."""
+def _generate(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, greedy: bool) -> list[list[int]]:
+    """Sample (temperature 1, or greedy) one continuation per context, cut after the first <|im_end|>."""
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     width = max(map(len, contexts))
     input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
     attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
     out = model.generate(
-        input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+        input_ids=input_ids, attention_mask=attention, do_sample=not greedy, temperature=1.0, top_k=0, top_p=1.0,
         max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
     )  # fmt: skip
     rows = []
@@ -83,13 +83,15 @@ def _tool_turn(tokenizer, problem: Problem, text: str) -> str | None:
         return None
 
 
-def rollout(model, tokenizer, problems: list[Problem], n: int, max_new_tokens: int) -> list[Episode]:
+def rollout(
+    model, tokenizer, problems: list[Problem], n: int, max_new_tokens: int, greedy: bool = False
+) -> list[Episode]:
     """n episodes per problem: generate the call, run the tool, generate the answer, score."""
     eos_text = tokenizer.eos_token
     prompts = [_render(tokenizer, [{"role": "user", "content": p.question}], True) for p in problems for _ in range(n)]
     flat = [p for p in problems for _ in range(n)]
     prompt_ids = [_encode(tokenizer, t) for t in prompts]
-    first = _generate(model, tokenizer, prompt_ids, max_new_tokens)
+    first = _generate(model, tokenizer, prompt_ids, max_new_tokens, greedy)
     episodes: list[Episode | None] = [None] * len(flat)
     second_ctx, second_idx, tails = [], [], []
     for i, (problem, out) in enumerate(zip(flat, first, strict=True)):
@@ -107,7 +109,7 @@ def rollout(model, tokenizer, problems: list[Problem], n: int, max_new_tokens: i
         second_idx.append(i)
         tails.append((ids, mask, tail))
     if second_ctx:
-        second = _generate(model, tokenizer, second_ctx, max_new_tokens)
+        second = _generate(model, tokenizer, second_ctx, max_new_tokens, greedy)
         for i, (ids, mask, tail), out in zip(second_idx, tails, second, strict=True):
             answer = tokenizer.decode(out, skip_special_tokens=False).removesuffix(eos_text)
             episodes[i] = Episode(
@@ -135,14 +137,15 @@ def grpo_loss(model, episodes: list[Episode], n: int, pad_id: int) -> torch.Tens
     return -(adv * per_sample).mean()
 
 
-def evaluate(model, tokenizer, problems: list[Problem], max_new_tokens: int) -> float:
+def evaluate(model, tokenizer, problems: list[Problem], max_new_tokens: int) -> tuple[float, float]:
+    """Mean reward on `problems`: sampled at temperature 1, and greedy."""
     model.eval()
-    episodes = rollout(model, tokenizer, problems, 1, max_new_tokens)
-    return sum(e.reward for e in episodes) / len(episodes)
+    sampled, greedy = (rollout(model, tokenizer, problems, 1, max_new_tokens, g) for g in (False, True))
+    return sum(e.reward for e in sampled) / len(sampled), sum(e.reward for e in greedy) / len(greedy)
 
 
-def train(model_dir: Path, cfg: GRPOConfig, task: TaskConfig) -> list[tuple[int, float, float]]:
-    """Run GRPO from `model_dir`; returns the curve as (step, eval reward, seconds)."""
+def train(model_dir: Path, cfg: GRPOConfig, task: TaskConfig) -> list[tuple[int, float, float, float]]:
+    """Run GRPO from `model_dir`; returns the curve as (step, eval reward T=1, greedy, seconds)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(cfg.threads)
@@ -157,8 +160,9 @@ def train(model_dir: Path, cfg: GRPOConfig, task: TaskConfig) -> list[tuple[int,
     start, curve = time.monotonic(), []
     for step in range(cfg.steps + 1):
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            curve.append((step, evaluate(model, tokenizer, eval_set, cfg.max_new_tokens), time.monotonic() - start))
-            print(f"step {step:3d} eval reward {curve[-1][1]:.3f} ({curve[-1][2]:.0f}s)", flush=True)
+            curve.append((step, *evaluate(model, tokenizer, eval_set, cfg.max_new_tokens), time.monotonic() - start))
+            _, sampled, greedy, seconds = curve[-1]
+            print(f"step {step:3d} eval reward {sampled:.3f} (T=1) {greedy:.3f} (greedy) ({seconds:.0f}s)", flush=True)
         if step == cfg.steps:
             break
         model.eval()

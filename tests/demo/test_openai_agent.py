@@ -44,6 +44,7 @@ def test_demo_agent_runs_the_tool_and_answers(router):
     assert asyncio.run(solve(client, "What is 6 times 7?")) == "The answer is 42."
     (_, first), (_, second) = router.requests
     assert [t["function"]["name"] for t in first["tools"]] == list(TOOL_NAMES)
+    assert "temperature" not in first  # the server (the router's session) decides
     assert second["messages"][1]["tool_calls"][0]["function"]["name"] == "mul"
     assert second["messages"][2] == {"role": "tool", "tool_call_id": "call_0", "content": "42"}
 

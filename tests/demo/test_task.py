@@ -98,3 +98,8 @@ def test_sft_transcript_masks_exactly_the_assistant_tokens(tiny_model):
     assistant = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     call = '<tool_call>\n{"name": "mul", "arguments": {"a": 7, "b": 5}}\n</tool_call>'
     assert assistant == f"{call}<|im_end|>The answer is 35.<|im_end|>"
+    short_ids, short_mask = render_with_mask(tokenizer, messages, tools=None)  # the warm-start's phase 1
+    assert [t for t, m in zip(short_ids, short_mask, strict=True) if m] == [
+        t for t, m in zip(ids, mask, strict=True) if m
+    ]
+    assert len(short_ids) * 4 < len(ids)
