@@ -37,7 +37,9 @@ GPU_ARGS = [
     "--lr", "1e-6", "--weight-decay", "0.1", "--clip-grad", "1.0",
     "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--eps-clip-high", "0.28", "--kl-coef", "0",
     # SGLang's bf16 kernels and Megatron's disagree slightly: correct the off-policy gap (TIS).
-    "--tis", "--micro-batch-tokens", "16384", "--eval-interval", "20", "--save-interval", "50",
+    "--tis", "--eval-interval", "20", "--save-interval", "50",
+    # Bounds the fp32 logits of one micro-batch: 8192 tokens x Qwen's 152k vocabulary is ~5 GB.
+    "--micro-batch-tokens", "8192",
 ]  # fmt: skip
 # The embedded CPU stack with a tiny random model: enough to watch every part run, not to learn.
 CPU_ARGS = [
