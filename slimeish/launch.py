@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import redis
 
 from slimeish.config import help_field
@@ -49,6 +50,22 @@ def wait_redis(url: str, timeout: float, proc: ManagedProcess | None = None) -> 
     raise TimeoutError(f"{url} not answering PING after {timeout:.0f}s")
 
 
+def check_engine(url: str) -> str:
+    """Fail early, with the fix, if an existing engine is down or reports a non-integer weight version."""
+    url = url.rstrip("/")
+    try:
+        info = httpx.get(f"{url}/model_info", timeout=10).raise_for_status().json()
+    except httpx.HTTPError as exc:
+        raise ValueError(f"--engine-url {url}: /model_info failed ({exc}); is the server running?") from exc
+    version = info.get("weight_version")
+    if version is not None and not str(version).lstrip("-").isdigit():
+        raise ValueError(
+            f"--engine-url {url} reports weight_version {version!r}; slimeish counts weight versions as "
+            "integers: start SGLang with --weight-version 0"
+        )
+    return url
+
+
 class Stack:
     """The running parts of one run; use as a context manager."""
 
@@ -68,7 +85,10 @@ class Stack:
     def __enter__(self) -> Stack:
         try:
             self.buffer_url = self.cfg.buffer_url or self._start_buffer()
-            self.engine_urls = list(self.cfg.engine_url) or [self._start_engine(i) for i in range(self.cfg.num_engines)]
+            if self.cfg.engine_url:
+                self.engine_urls = [check_engine(url) for url in self.cfg.engine_url]
+            else:
+                self.engine_urls = [self._start_engine(i) for i in range(self.cfg.num_engines)]
             self.router_url = self._start_router()
         except BaseException:
             self._exit.close()

@@ -47,8 +47,10 @@ class RunConfig:
     eval_interval: int | None = help_field(None, help="evaluate on --eval-prompt-data every N steps (and first/last)")
     save_interval: int | None = help_field(None, help="save a checkpoint every N steps (and at the end)")
     load: Path | None = help_field(None, help="resume from this checkpoint directory (a run's checkpoints/latest)")
-    weight_sync: Literal["tensor", "disk"] = help_field(
-        "tensor", help="tensor: same-host shared-memory update; disk: export an HF checkpoint the engines load"
+    weight_sync: Literal["tensor", "disk", "distributed"] = help_field(
+        "tensor",
+        help="tensor: same-host shared-memory update (embedded engines); disk: export an HF checkpoint the "
+        "engines load (SGLang: a shared filesystem); distributed: NCCL broadcast to SGLang engines (GPU)",
     )
 
 
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
 
 async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     from slimeish.trainer.trainer import Trainer
-    from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
+    from slimeish.trainer.weight_sync import WeightSync
 
     run, n_groups = setup.run, setup.rollout.rollout_batch_size
     args = PluginArgs(setup, stack)
@@ -131,14 +133,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     eval_data = _eval_source(setup)
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
     start = await asyncio.to_thread(_resume, trainer, data, run.load)
-    sync = WeightSync(
-        WeightSyncConfig(
-            router_url=stack.router_url,
-            admin_token=stack.admin_token,
-            method=run.weight_sync,
-            disk_dir=run.run_dir / "weights",
-        )
-    )
+    sync = WeightSync(_sync_config(run, stack))
     logger = MetricsLogger(run.run_dir)
     ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
     unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
@@ -283,6 +278,18 @@ def _resume(trainer: Any, data: DataSource, load: Path | None) -> int:
     drawn = data.state_path and data.state_path.exists() and json.loads(data.state_path.read_text())
     data.load_state(drawn or state)
     return int(state["rollout_step"])
+
+
+def _sync_config(run: RunConfig, stack: Stack) -> Any:
+    from slimeish.trainer.weight_sync import WeightSyncConfig
+
+    # The export dir is absolute: engines started elsewhere resolve paths from their own cwd.
+    disk_dir = (run.run_dir / "weights").resolve()
+    if run.weight_sync == "distributed":  # NCCL groups are per engine: the router cannot fan them out
+        return WeightSyncConfig(engine_urls=stack.engine_urls, method="distributed", disk_dir=disk_dir)
+    return WeightSyncConfig(
+        router_url=stack.router_url, admin_token=stack.admin_token, method=run.weight_sync, disk_dir=disk_dir
+    )
 
 
 def _fields(cfg: Any) -> dict[str, Any]:
