@@ -32,7 +32,9 @@ class GRPOConfig:
     steps: int = help_field(40, help="GRPO steps (one rollout batch and one optimizer step each)")
     prompts_per_step: int = help_field(8, help="prompts (groups) per step")
     n_samples: int = help_field(8, help="samples per prompt")
-    lr: float = help_field(1e-3, help="Adam learning rate")
+    lr: float = help_field(1e-3, help="AdamW learning rate")
+    warmup_steps: int = help_field(5, help="linear learning-rate warm-up (Adam's first steps are full-size)")
+    kl_coef: float = help_field(0.0, help="weight of the k3 KL penalty to the warm-started model (0: none)")
     max_new_tokens: int = help_field(40, help="per turn")
     eval_every: int = help_field(5, help="evaluate every N steps")
     seed: int = help_field(1, help="sampling seed")
@@ -118,8 +120,8 @@ def rollout(
     return episodes  # type: ignore[return-value]
 
 
-def grpo_loss(model, episodes: list[Episode], n: int, pad_id: int) -> torch.Tensor:
-    """Mean over samples of -advantage * mean log-prob of its sampled tokens."""
+def grpo_loss(model, ref, episodes: list[Episode], n: int, pad_id: int, kl_coef: float) -> torch.Tensor:
+    """Mean over samples of the token mean of -advantage * log-prob (+ kl_coef * k3 KL to `ref`)."""
     rewards = torch.tensor([e.reward for e in episodes]).view(-1, n)
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).flatten()
     width = max(len(e.ids) for e in episodes)
@@ -130,11 +132,20 @@ def grpo_loss(model, episodes: list[Episode], n: int, pad_id: int) -> torch.Tens
         ids[i, : len(e.ids)] = torch.tensor(e.ids)
         mask[i, : len(e.ids)] = torch.tensor(e.mask, dtype=torch.float)
         attention[i, : len(e.ids)] = 1
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    logp = _token_logprobs(model, ids, attention)
+    per_token = -adv[:, None] * logp
+    if kl_coef:
+        with torch.no_grad():
+            ref_logp = _token_logprobs(ref, ids, attention)
+        log_ratio = ref_logp - logp
+        per_token = per_token + kl_coef * (log_ratio.exp() - log_ratio - 1)  # k3: unbiased, >= 0
     m = mask[:, 1:]
-    per_sample = (logp * m).sum(1) / m.sum(1).clamp(min=1)
-    return -(adv * per_sample).mean()
+    return ((per_token * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+
+
+def _token_logprobs(model, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
 def evaluate(model, tokenizer, problems: list[Problem], max_new_tokens: int) -> tuple[float, float]:
@@ -152,11 +163,13 @@ def train(model_dir: Path, cfg: GRPOConfig, task: TaskConfig) -> list[tuple[int,
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval() if cfg.kl_coef else None
     train_set, eval_set = make_splits(task)
     rng = random.Random(cfg.seed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0
     )  # trainer defaults
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / (cfg.warmup_steps + 1)))
     start, curve = time.monotonic(), []
     for step in range(cfg.steps + 1):
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -170,10 +183,11 @@ def train(model_dir: Path, cfg: GRPOConfig, task: TaskConfig) -> list[tuple[int,
             model, tokenizer, rng.sample(train_set, cfg.prompts_per_step), cfg.n_samples, cfg.max_new_tokens
         )
         model.train()
-        loss = grpo_loss(model, episodes, cfg.n_samples, tokenizer.pad_token_id)
+        loss = grpo_loss(model, ref, episodes, cfg.n_samples, tokenizer.pad_token_id, cfg.kl_coef)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        warmup.step()
         optimizer.zero_grad(set_to_none=True)
         mean = sum(e.reward for e in episodes) / len(episodes)
         print(f"step {step + 1:3d} train reward {mean:.3f} ({time.monotonic() - start:.0f}s)", flush=True)

@@ -43,9 +43,9 @@ from slimeish.config import add_dataclass_args, from_namespace, help_field
 
 @dataclass(kw_only=True)
 class SFTConfig:
-    short_steps: int = help_field(400, help="phase 1 steps on transcripts without the tools block")
+    short_steps: int = help_field(500, help="phase 1 steps on transcripts without the tools block")
     short_batch_size: int = help_field(64, help="phase 1 transcripts per step")
-    steps: int = help_field(200, help="phase 2 steps, every other one on full transcripts (as the router renders)")
+    steps: int = help_field(500, help="phase 2 steps, every other one on full transcripts (as the router renders)")
     batch_size: int = help_field(8, help="phase 2 transcripts per step")
     lr: float = help_field(3e-3, help="peak AdamW learning rate (linear warm-up, cosine decay over both phases)")
     warmup_steps: int = help_field(20, help="linear warm-up steps")
