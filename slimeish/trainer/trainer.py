@@ -17,7 +17,12 @@ from torch import Tensor
 
 from slimeish.trainer import checkpoint, hf_io
 from slimeish.trainer import losses as L
-from slimeish.trainer.advantages import group_normalized_advantages, sample_group_ids, sample_rewards
+from slimeish.trainer.advantages import (
+    group_normalized_advantages,
+    sample_group_ids,
+    sample_member_ids,
+    sample_rewards,
+)
 from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.distributed import data_parallel_rank_and_size, init_distributed
@@ -94,6 +99,7 @@ class Trainer:
         return group_normalized_advantages(
             sample_rewards(samples),
             sample_group_ids(samples),
+            member_ids=sample_member_ids(samples),
             normalize_std=self.loss_config.advantage_estimator == "grpo",
         )
 

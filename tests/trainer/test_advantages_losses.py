@@ -115,3 +115,14 @@ def test_loss_config_rejects_bad_values():
         LossConfig(dual_clip_c=0.5)
     with pytest.raises(ValueError):
         LossConfig(tis=True, old_log_probs="rollout")
+
+
+def test_split_episode_counts_once_in_its_group_baseline():
+    # Group of 3 episodes with rewards 1, 0, 0; episode "a" was split into 3 segments.
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
+    adv = group_normalized_advantages(rewards, [0] * 5, member_ids=["a", "a", "a", "b", "c"], eps=0.0)
+    mean, std = 1 / 3, torch.tensor([1.0, 0.0, 0.0]).std()
+    expected = torch.tensor([1 - mean] * 3 + [-mean] * 2) / std
+    torch.testing.assert_close(adv, expected)
+    # Counting each segment as a member would give a different (biased) baseline.
+    assert not torch.allclose(adv, group_normalized_advantages(rewards, [0] * 5, eps=0.0))
