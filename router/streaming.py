@@ -1,6 +1,7 @@
 """Token streaming: engine SSE chunks in, OpenAI SSE chunks out, the turn recorded at the end.
 
-The engine streams SGLang chunks (new `output_ids` and log-probs, cumulative `text`). Text is
+The engine streams SGLang chunks, each cumulative: `text`, `output_ids` and log-probs hold everything
+generated so far (SGLang's default, without `--incremental-streaming-output`). Text is
 forwarded as it comes, except for a tail that might still change meaning: the start of a tool
 call (`<tool_call>` becomes `tool_calls`, not content), the start of a stop string (trimmed from
 the final text), trailing whitespace before a tool call, or an incomplete UTF-8 character. What
@@ -67,23 +68,21 @@ class ContentStream:
 
 @dataclass
 class ChoiceAccumulator:
-    """Rebuilds one choice's full SGLang response from its stream chunks."""
+    """Follows one choice's cumulative stream chunks; the latest one is the whole response so far."""
 
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[list] = field(default_factory=list)
+    seen: int = 0  # log-prob entries already handed out
     last: dict[str, Any] = field(default_factory=dict)
     engine: str = ""
 
     def add(self, chunk: dict, engine: str) -> list[list]:
-        new = chunk.get("meta_info", {}).get("output_token_logprobs") or []
-        self.ids += chunk.get("output_ids") or []
-        self.logprobs += new
+        """Take `chunk` as the response so far; returns the log-prob entries not seen before."""
+        entries = chunk.get("meta_info", {}).get("output_token_logprobs") or []
+        new, self.seen = entries[self.seen :], max(self.seen, len(entries))
         self.last, self.engine = chunk, engine
         return new
 
     def generation(self) -> Generation:
-        meta = {**self.last.get("meta_info", {}), "output_token_logprobs": self.logprobs}
-        return parse_generation({**self.last, "output_ids": self.ids, "meta_info": meta}, self.engine)
+        return parse_generation(self.last, self.engine)
 
 
 def sse(obj: dict) -> bytes:

@@ -49,12 +49,13 @@ def test_stop_string_prefix_and_partial_utf8_are_held_back():
 
 
 async def engine_stream(text: str, step: int = 7):
-    for end in range(step, len(text) + step, step):
+    """Cumulative chunks as SGLang sends them: one token per chunk, everything so far in each."""
+    for k, end in enumerate(range(step, len(text) + step, step), 1):
         n = min(end, len(text))
-        meta = {"output_token_logprobs": [[-0.1, 5, None]], "weight_version": "3"}
+        meta = {"output_token_logprobs": [[-0.1 * i, 5 + i, None] for i in range(k)], "weight_version": "3"}
         if n == len(text):
             meta["finish_reason"] = {"type": "stop"}
-        yield {"text": text[:n], "output_ids": [5], "meta_info": meta}, "http://engine"
+        yield {"text": text[:n], "output_ids": [5 + i for i in range(k)], "meta_info": meta}, "http://engine"
 
 
 def to_message(gen):
@@ -77,8 +78,24 @@ async def test_tool_calls_stream_as_deltas_the_openai_types_accept():
     assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [("add", {"a": 1})]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     (gen,) = result.generations
-    assert gen.output_ids == [5] * len(gen.logprobs) and gen.weight_versions == [3]
+    steps = -(-len(CALL_TEXT) // 7)
+    assert gen.output_ids == [5 + i for i in range(steps)] and gen.weight_versions == [3]
+    assert gen.logprobs == [-0.1 * i for i in range(steps)]
     assert result.answers[0]["content"] == content  # what the client assembled is what is recorded
+
+
+async def test_cumulative_chunks_stream_each_logprob_once():
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    result, seen = StreamedTurn(), []
+
+    def token_logprobs(entries):
+        seen.extend(entries)
+        return None
+
+    text = "abcdefghijkl"
+    events = chat_events(engine_stream(text, 3), head, 1, False, [], to_message, token_logprobs, result)
+    assert [e async for e in events]
+    assert [e[1] for e in seen] == [5, 6, 7, 8] == result.generations[0].output_ids
 
 
 def test_tool_parse_failure_is_plain_content_and_counted():
