@@ -20,6 +20,7 @@ trainer's own rate in that run). Run:  .venv/bin/python -m bench.async_speedup
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -31,6 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from buffer import Buffer, EmbeddedServer
 from slimeish.procs import ManagedProcess
 
 AGENT = "bench.heavy_tail_agent.run"
@@ -61,22 +63,24 @@ def write_inputs(root: Path, n_prompts: int) -> tuple[Path, Path]:
     return model, prompts
 
 
-def train_argv(args: argparse.Namespace, mode: Mode, model: Path, prompts: Path, run_dir: Path) -> list[str]:
+def train_argv(
+    args: argparse.Namespace, mode: Mode, model: Path, prompts: Path, run_dir: Path, buffer_url: str
+) -> list[str]:
     batch = mode.batch(args.capacity, args.n)
     steps = args.samples // (batch * args.n)
-    entry = ["slimeish", "train"] if args.prototype == "none" else ["bench.release_on_take"]
     argv = [
-        sys.executable, "-m", *entry, "--model-path", str(model), "--run-dir", str(run_dir),
+        sys.executable, "-m", "slimeish", "train", "--model-path", str(model), "--run-dir", str(run_dir),
         "--prompt-data", str(prompts), "--rollout-function-path", "rollout_functions.openai_agent.generate_rollout",
         "--agent-function-path", AGENT, "--rollout-batch-size", str(batch), "--n-samples-per-prompt", str(args.n),
         "--num-rollout", str(steps), "--rollout-concurrency", str(args.capacity), "--lr", "1e-5",
+        "--buffer-url", buffer_url, "--run-id", run_dir.name,
     ]  # fmt: skip
     if mode.staleness is not None:
         argv += ["--mode", "async", "--max-staleness", str(mode.staleness)]
     return argv
 
 
-def run_mode(args: argparse.Namespace, key: str, model: Path, prompts: Path, root: Path) -> dict:
+def run_mode(args: argparse.Namespace, key: str, model: Path, prompts: Path, root: Path, buffer_url: str) -> dict:
     mode = MODES[key]
     run_dir = root / key
     episodes = root / f"{key}-episodes.jsonl"
@@ -91,7 +95,8 @@ def run_mode(args: argparse.Namespace, key: str, model: Path, prompts: Path, roo
     load_before = os.getloadavg()[0]
     t0 = time.time()
     log_path = root / f"{key}.log"
-    with ManagedProcess(train_argv(args, mode, model, prompts, run_dir), log_path=log_path, env=env) as proc:
+    argv = train_argv(args, mode, model, prompts, run_dir, buffer_url)
+    with ManagedProcess(argv, log_path=log_path, env=env) as proc:
         try:
             rc = proc.proc.wait(args.timeout)
         except subprocess.TimeoutExpired:
@@ -104,7 +109,14 @@ def run_mode(args: argparse.Namespace, key: str, model: Path, prompts: Path, roo
     ledger = (run_dir / "trained_groups.jsonl").read_text().splitlines()
     trained = [g for line in ledger for g in json.loads(line)["groups"]]
     extra = {"load": (load_before, os.getloadavg()[0]), "wall": time.time() - t0}
+    extra |= asyncio.run(drop_counts(buffer_url, run_dir.name))
     return summarize(args, mode, rows, eps, trained) | extra
+
+
+async def drop_counts(buffer_url: str, run_id: str) -> dict:
+    async with Buffer(buffer_url, run_id) as buffer:
+        stats = await buffer.stats()
+    return {"dropped_stale": stats.groups_dropped_stale, "dropped_failed": stats.groups_dropped_failed}
 
 
 def nominal_delay(args: argparse.Namespace) -> tuple[float, float]:
@@ -165,8 +177,7 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     head = (
         f"capacity C = {args.capacity} episodes at once, group size n = {args.n}, {args.samples} trained samples "
         f"per mode; wait {args.base_delay} s (p = {1 - args.tail_prob:.2f}) or {args.tail_factor:g} x that "
-        f"(p = {args.tail_prob}); chat turn at the {args.chat_at} of the episode; {os.cpu_count()} CPUs; "
-        f"train loop: {'slimeish train' if args.prototype == 'none' else 'bench/release_on_take.py (prototype)'}"
+        f"(p = {args.tail_prob}); chat turn at the {args.chat_at} of the episode; {os.cpu_count()} CPUs"
     )
     rows = [
         "| mode | batch (groups) | steps | samples/s | x sync | bound | % of bound | group-granular ceiling |",
@@ -174,7 +185,8 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     ]
     diag = [
         "| mode | t_rollout / t_train / t_sync per step (s) | trainer-only samples/s | mean chat turn (s) "
-        "| episodes busy (of C) | long episodes among trained | groups finished / trained | staleness max "
+        "| episodes busy (of C) | long episodes among trained | groups finished / trained / dropped stale "
+        "| staleness max "
         "| load 1-min before / after | wall incl. start-up (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -187,7 +199,7 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
         diag.append(
             f"| {r['mode']} | {r['t_rollout']:.2f} / {r['t_train']:.2f} / {r['t_sync']:.2f} | {r['trainer_rate']:.0f} "
             f"| {r['chat_s']:.2f} | {r['busy']:.1f} | {100 * r['long_trained']:.0f} % "
-            f"| {r['groups_done']} / {r['groups_trained']} | {r['staleness_max']:.0f} "
+            f"| {r['groups_done']} / {r['groups_trained']} / {r['dropped_stale']} | {r['staleness_max']:.0f} "
             f"| {r['load'][0]:.1f} / {r['load'][1]:.1f} | {r['wall']:.0f} |"
         )
     return "\n".join([head, "", *rows, "", *diag])
@@ -198,17 +210,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--capacity", type=int, default=24, help="episodes allowed to run at once, every mode")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt (group size)")
-    parser.add_argument("--samples", type=int, default=192, help="trained samples per mode")
+    parser.add_argument("--samples", type=int, default=576, help="trained samples per mode")
     parser.add_argument("--base-delay", type=float, default=0.25, help="seconds of a short episode's wait")
     parser.add_argument("--tail-factor", type=float, default=20.0, help="a long episode waits this many x base")
     parser.add_argument("--tail-prob", type=float, default=0.1, help="fraction of long episodes")
     parser.add_argument("--chat-at", choices=["end", "start"], default="end", help="chat turn after or before the wait")
-    parser.add_argument(
-        "--prototype",
-        choices=["none", "release-on-take"],
-        default="none",
-        help="release-on-take: run bench/release_on_take.py, a prototype of a proposed fix to slimeish.train",
-    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mode before it counts as hung")
     parser.add_argument("--keep", type=Path, help="keep run dirs and logs here (default: a temp dir)")
@@ -218,9 +224,10 @@ def main(argv: list[str] | None = None) -> None:
         root.mkdir(parents=True, exist_ok=True)
         model, prompts = write_inputs(root, n_prompts=512)
         results = []
-        for key in args.modes:
-            results.append(run_mode(args, key, model, prompts, root))
-            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        with EmbeddedServer(root / "buffer") as server:
+            for key in args.modes:
+                results.append(run_mode(args, key, model, prompts, root, server.url))
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print(report(args, results))
 
 
