@@ -10,6 +10,8 @@ samples are for metrics: the trainer reads the captured ones from the buffer.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import math
 import statistics
 import uuid
 from collections.abc import Awaitable, Callable
@@ -62,6 +64,14 @@ class RouterSessions:
 
 EpisodeFn = Callable[[Session, Sample], Awaitable[Sample]]
 
+# The rollout call's shared HTTP client, for episode code that runs inside `run_groups`.
+_client: contextvars.ContextVar[httpx.AsyncClient] = contextvars.ContextVar("slimeish_rollout_client")
+
+
+def http_client() -> httpx.AsyncClient:
+    """The HTTP client of the running rollout call (one per call, closed when it ends)."""
+    return _client.get()
+
 
 # Eval prompts are drawn afresh at every evaluation (and again after a resume): a per-process
 # nonce keeps their group ids unique. Training group indices never repeat within a run.
@@ -76,9 +86,14 @@ def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
 async def run_groups(
     args: Any, groups: list[list[Sample]], episode: EpisodeFn, *, rollout_id: int, evaluation: bool
 ) -> list[list[Sample]]:
-    """Run every sample of every group as one session, at most `args.rollout_concurrency` at once."""
+    """Run every sample of every group as one session, at most `args.rollout_concurrency` at once.
+
+    An episode that raises, times out, or ends without a finite reward is finished as failed
+    (the buffer's group policy decides about its group). Errors talking to the router are not
+    the episode's fault: they are raised once every episode has ended."""
     limit = asyncio.Semaphore(args.rollout_concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30)) as client:
+        _client.set(client)
         sessions = RouterSessions(args.router_url, args.admin_token, client)
 
         async def one(sample: Sample, group_size: int) -> Sample:
@@ -90,20 +105,32 @@ async def run_groups(
                 try:
                     sample = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
                 except Exception as exc:  # the agent's failure is data: the group policy decides
-                    sample.status = Sample.Status.FAILED
-                    sample.metadata["error"] = f"{type(exc).__name__}: {exc}"
-                reward = _scalar_reward(sample.reward) if sample.status != Sample.Status.FAILED else None
-                await sessions.finish(session, reward, sample.status)
+                    _fail(sample, f"{type(exc).__name__}: {exc}")
+                reward = _scalar_reward(sample.reward)
+                if sample.status != Sample.Status.FAILED and (reward is None or not math.isfinite(reward)):
+                    _fail(sample, f"no usable reward: {sample.reward!r}")
+                await sessions.finish(session, reward if sample.status != Sample.Status.FAILED else None, sample.status)
                 return sample
 
-        tasks = [[asyncio.create_task(one(s, len(g))) for s in g] for g in groups]
-        return [[await t for t in g] for g in tasks]
+        results = await asyncio.gather(*(one(s, len(g)) for g in groups for s in g), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    it = iter(results)
+    return [[next(it) for _ in g] for g in groups]
+
+
+def _fail(sample: Sample, error: str) -> None:
+    sample.status = Sample.Status.FAILED
+    sample.metadata["error"] = error
 
 
 def _scalar_reward(reward: Any) -> float | None:
     if isinstance(reward, dict):
         reward = reward.get("reward")
-    return None if reward is None else float(reward)
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return None
+    return float(reward)
 
 
 def rollout_output(groups: list[list[Sample]], evaluation: bool) -> RolloutFnTrainOutput | RolloutFnEvalOutput:

@@ -13,9 +13,7 @@ import asyncio
 import functools
 from typing import Any
 
-import httpx
-
-from rollout_functions.sessions import Session, episode_groups, rollout_output, run_groups
+from rollout_functions.sessions import Session, episode_groups, http_client, rollout_output, run_groups
 from slimeish.rollout import (
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
@@ -47,8 +45,7 @@ async def generate(args: Any, sample: Sample, params: dict[str, Any]) -> Sample:
     """Default per-sample generate: one token-in turn on the sample's session."""
     ids = prompt_ids(args, sample.prompt)
     body = {"input_ids": ids, "sampling_params": params, "return_logprob": True}
-    async with httpx.AsyncClient(timeout=args.rollout_timeout) as client:
-        r = await client.post(sample.metadata["session"]["generate_url"], json=body)
+    r = await http_client().post(sample.metadata["session"]["generate_url"], json=body)
     r.raise_for_status()
     out = r.json()
     meta = out["meta_info"]
@@ -68,6 +65,8 @@ def generate_rollout(
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     gen = load_generate_function(args.custom_generate_function_path) if args.custom_generate_function_path else generate
     rm = load_reward_function(args.custom_rm_path) if args.custom_rm_path else None
+    if rm is None and gen is generate:
+        raise ValueError("rollout_functions.token_in needs --custom-rm-path: the default generate sets no reward")
     params = sampling_params(args, evaluation=evaluation)
 
     async def episode(session: Session, sample: Sample) -> Sample:

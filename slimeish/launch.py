@@ -37,16 +37,16 @@ class StackConfig:
 
 
 def wait_redis(url: str, timeout: float, proc: ManagedProcess | None = None) -> None:
-    client = redis.Redis.from_url(url)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.proc.poll() is not None:
-            raise RuntimeError(f"buffer server exited with code {proc.proc.returncode}; see {proc.log_path}")
-        try:
-            if client.ping():
-                return
-        except redis.ConnectionError:
-            time.sleep(0.1)
+    with redis.Redis.from_url(url) as client:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.proc.poll() is not None:
+                raise RuntimeError(f"buffer server exited with code {proc.proc.returncode}; see {proc.log_path}")
+            try:
+                if client.ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.1)
     raise TimeoutError(f"{url} not answering PING after {timeout:.0f}s")
 
 

@@ -99,12 +99,14 @@ class RolloutProducer:
         self._tasks: list[asyncio.Task] = []
         self._slots: asyncio.Semaphore | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._error: BaseException | None = None
 
     async def run_once(self, args: Any = None) -> dict[str, float]:
         """One rollout call (a batch, or one group in async mode): regenerations first."""
         args = args or self.args
         for request in await self.buffer.pop_regenerate(args.rollout_batch_size):
-            self.data.give_back_prompt(request.metadata.get("prompt"), request.metadata.get("label"))
+            meta = {k: v for k, v in request.metadata.items() if k not in ("prompt", "label", "eval")}
+            self.data.give_back_prompt(request.metadata.get("prompt"), request.metadata.get("label"), meta)
         rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data)
@@ -122,13 +124,19 @@ class RolloutProducer:
         self._tasks = [asyncio.create_task(self._worker(one_group)) for _ in range(max_groups)]
 
     async def _worker(self, args: Any) -> None:
-        while True:
+        # A failing episode is data (its session is finished as failed); a failing rollout call
+        # is a bug or an outage, so it stops the run instead of being retried forever.
+        while self._error is None:
             await self._slots.acquire()
             try:
                 await self.run_once(args)
-            except Exception:
-                log.exception("rollout of one group failed; its slot is freed")
-                self._slots.release()
+            except Exception as exc:
+                log.exception("the rollout function failed")
+                self._error = exc
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the rollout function failed: {self._error!r}") from self._error
 
     def release(self, n: int) -> None:
         """The trainer took `n` groups: let as many new ones start."""

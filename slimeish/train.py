@@ -29,7 +29,7 @@ from slimeish.config import add_dataclass_args, from_namespace, help_field, load
 from slimeish.data import DataConfig, DataSource, read_prompts
 from slimeish.launch import Stack, StackConfig
 from slimeish.producer import RolloutProducer
-from slimeish.rollout import RolloutConfig, load_rollout_function
+from slimeish.rollout import RolloutConfig, load_generate_function, load_reward_function, load_rollout_function
 from slimeish.run_metrics import MetricsLogger
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.types import Sample
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
     setup = parse_args(argv)
+    check_plugins(setup.rollout)  # before any process starts: a wrong plugin fails in a second
     setup.run.run_dir.mkdir(parents=True, exist_ok=True)
     run_id = setup.run.run_id or setup.run.run_dir.resolve().name
     (setup.run.run_dir / "config.json").write_text(json.dumps(_jsonable(setup), indent=2))
@@ -122,6 +123,19 @@ def main(argv: list[str] | None = None) -> None:
             log.warning("interrupted: stopping every child process")
 
 
+def check_plugins(cfg: RolloutConfig) -> None:
+    """Import every configured hook and check its signature (errors state the expected one)."""
+    load_rollout_function(cfg.rollout_function_path)
+    if cfg.custom_generate_function_path:
+        load_generate_function(cfg.custom_generate_function_path)
+    if cfg.custom_rm_path:
+        load_reward_function(cfg.custom_rm_path)
+    if cfg.agent_function_path:
+        from rollout_functions.openai_agent import load_agent_function
+
+        load_agent_function(cfg.agent_function_path)
+
+
 async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     from slimeish.trainer.trainer import Trainer
     from slimeish.trainer.weight_sync import WeightSync
@@ -129,62 +143,83 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     run, n_groups = setup.run, setup.rollout.rollout_batch_size
     args = PluginArgs(setup, stack)
     rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
-    data = _train_source(setup)
-    eval_data = _eval_source(setup)
+    data, eval_data = _train_source(setup), _eval_source(setup)
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
-    start = await asyncio.to_thread(_resume, trainer, data, run.load)
-    sync = WeightSync(_sync_config(run, stack))
+    start, saved = await asyncio.to_thread(_resume, trainer, data, run.load)
     logger = MetricsLogger(run.run_dir)
     ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
     unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
-    async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
-        producer = RolloutProducer(rollout_fn, args, data, buffer)
-        if run.mode == "async":
-            producer.start(max_groups=((setup.buffer.max_staleness or 0) + 1) * n_groups)
-        progress = tqdm(range(start, run.num_rollout), initial=start, total=run.num_rollout, desc="rollout steps")
-        for step in progress:
-            metrics: dict[str, Any] = {}
-            if run.eval_interval and (step == start or step % run.eval_interval == 0):
-                metrics |= await evaluate(rollout_fn, args, eval_data, step)
-            with timed(metrics, "time/rollout"):
-                groups = await collect_groups(buffer, producer, n_groups, trainer.weight_version, run.mode)
-            samples = [s for g in groups for s in g.samples]
-            metrics |= batch_metrics(samples, trainer.weight_version)
-            with timed(metrics, "time/train"):
-                metrics |= prefixed("train", await asyncio.to_thread(trainer.train_step, samples))
-            with timed(metrics, "time/sync"):
-                metrics |= prefixed("time/sync", await asyncio.to_thread(sync.sync, trainer))
-            metrics |= producer.metrics
-            unacked += ledger.record(step, groups)
-            if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
-                await asyncio.to_thread(_save, trainer, data, run.run_dir / "checkpoints", step + 1)
-                await buffer.ack(unacked)  # a crash before this point re-delivers them
-                unacked = []
-            progress.write(logger.log(step, metrics))
-        if run.eval_interval:
-            progress.write(logger.log(run.num_rollout, await evaluate(rollout_fn, args, eval_data, run.num_rollout)))
-        await producer.stop()
-    sync.close()
-    logger.plot_rewards()
-    logger.close()
+    with WeightSync(_sync_config(run, stack)) as sync, contextlib.closing(logger):
+        if start:  # engines start from --model-path: serve the resumed weights before any rollout
+            await asyncio.to_thread(sync.sync, trainer)
+        async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
+            await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
+            producer = RolloutProducer(rollout_fn, args, data, buffer)
+            if run.mode == "async":
+                producer.start(max_groups=((setup.buffer.max_staleness or 0) + 1) * n_groups)
+            try:
+                progress = tqdm(range(start, run.num_rollout), initial=start, total=run.num_rollout, desc="rollout")
+                for step in progress:
+                    metrics: dict[str, Any] = {}
+                    if run.eval_interval and (step == start or step % run.eval_interval == 0):
+                        metrics |= await evaluate(rollout_fn, args, eval_data, step)
+                    with timed(metrics, "time/rollout"):
+                        groups = await collect_groups(buffer, producer, n_groups, trainer.weight_version, run.mode)
+                    samples = [s for g in groups for s in g.samples]
+                    metrics |= batch_metrics(samples, trainer.weight_version)
+                    with timed(metrics, "time/train"):
+                        metrics |= prefixed("train", await asyncio.to_thread(trainer.train_step, samples))
+                    with timed(metrics, "time/sync"):
+                        metrics |= prefixed("time/sync", await asyncio.to_thread(sync.sync, trainer))
+                    metrics |= producer.metrics
+                    unacked += ledger.record(step, groups)
+                    if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
+                        ckpt = run.run_dir / "checkpoints"
+                        await asyncio.to_thread(_save, trainer, data, ckpt, step + 1, unacked)
+                        await buffer.ack(unacked)  # a crash before the save re-delivers them
+                        unacked = []
+                    progress.write(logger.log(step, metrics))
+                if run.eval_interval:
+                    final = await evaluate(rollout_fn, args, eval_data, run.num_rollout)
+                    progress.write(logger.log(run.num_rollout, final))
+            finally:
+                await producer.stop()
+                logger.plot_rewards()
+
+
+# Sync mode gives up after this many rollout batches in a row yield no trainable group.
+MAX_EMPTY_BATCHES = 5
 
 
 async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, version: int, mode: str) -> list[Group]:
     """`n` trainable groups. Whatever is ready is taken first (groups re-delivered after a crash,
     leftovers of a short batch); only then does sync mode generate a batch, and async mode wait
-    for the producer."""
+    for the producer. Async slots are freed for taken and for dropped groups alike."""
     groups: list[Group] = []
+    empty_batches = 0
     while len(groups) < n:
+        producer.raise_if_failed()
+        dropped_before = _dropped(await buffer.stats())
         taken = await buffer.take_groups(n - len(groups), CONSUMER, version)
+        producer.release(len(taken) + _dropped(await buffer.stats()) - dropped_before)
         groups += taken
         if taken:
             continue
-        if mode == "sync":
-            await producer.run_once()
-        else:
+        if mode == "async":
             await asyncio.sleep(0.05)
-    producer.release(len(groups))
+            continue
+        if empty_batches == MAX_EMPTY_BATCHES:
+            raise RuntimeError(
+                f"{MAX_EMPTY_BATCHES} rollout batches in a row gave no trainable group: every group failed or was "
+                "filtered (see episodes/failed in metrics.jsonl, `slimeish buffer stats`, the reward function)"
+            )
+        await producer.run_once()
+        empty_batches += 1
     return groups
+
+
+def _dropped(stats: Any) -> int:
+    return stats.groups_dropped_failed + stats.groups_dropped_stale + stats.groups_filtered
 
 
 async def evaluate(rollout_fn, args: PluginArgs, eval_data: DataSource | None, step: int) -> dict[str, float]:
@@ -261,23 +296,26 @@ def _eval_source(setup: TrainSetup) -> DataSource | None:
     return DataSource(prompts, setup.rollout.n_samples_per_eval_prompt, shuffle=False)
 
 
-def _save(trainer: Any, data: DataSource, root: Path, step: int) -> None:
-    trainer.save(root / f"step_{step:06d}", data_state={"rollout_step": step, **data.state()})
-    latest = root / "latest"
-    latest.unlink(missing_ok=True)
-    latest.symlink_to(f"step_{step:06d}")
+def _save(trainer: Any, data: DataSource, root: Path, step: int, unacked: list[str]) -> None:
+    """Checkpoint, recording the groups it holds that the buffer has not acknowledged yet."""
+    state = {"rollout_step": step, "unacked_groups": list(unacked), **data.state()}
+    trainer.save(root / f"step_{step:06d}", data_state=state)
+    tmp = root / "latest.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(f"step_{step:06d}")
+    tmp.replace(root / "latest")  # atomic: `latest` always names a complete checkpoint
 
 
-def _resume(trainer: Any, data: DataSource, load: Path | None) -> int:
+def _resume(trainer: Any, data: DataSource, load: Path | None) -> tuple[int, dict[str, Any]]:
     """Restore the trainer from `load`; prompts continue after the last ones handed out (the
     run dir's data_state.json), not the checkpoint's: groups opened after the checkpoint are
     still in the buffer and will be trained, so their prompts must not be generated again."""
     if load is None:
-        return 0
+        return 0, {}
     state = trainer.load(load)
     drawn = data.state_path and data.state_path.exists() and json.loads(data.state_path.read_text())
     data.load_state(drawn or state)
-    return int(state["rollout_step"])
+    return int(state["rollout_step"]), state
 
 
 def _sync_config(run: RunConfig, stack: Stack) -> Any:

@@ -37,3 +37,14 @@ async def reward_missing_sample(args):
 async def first_token_parity(args, sample):
     """A reward that varies across samples (so GRPO advantages are non-zero) and needs no task."""
     return float(sample.tokens[sample.prompt_length] % 2) if sample.response_length else 0.0
+
+
+async def fail_odd_groups(args, sample):
+    """Fails one member of every odd group: with --failed-policy drop_group those groups are dropped."""
+    if sample.group_index % 2 == 1 and sample.index == 0:
+        raise RuntimeError("scripted failure")
+    return await first_token_parity(args, sample)
+
+
+async def no_reward(args, sample):
+    return None

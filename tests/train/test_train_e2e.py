@@ -115,9 +115,42 @@ def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, p
     lost_training = {g for line in killed if line["step"] >= resumed_from for g in line["groups"]}
 
     run_train([*argv, "--load", str(run_dir / "checkpoints" / "latest")], tmp_path / "second.log")
+    resumed = [r for r in metrics(run_dir) if "train/loss" in r and r["step"] >= resumed_from + 2]
+    assert resumed, "the resumed run trained no freshly generated batch"
+    for r in resumed:  # after the first re-delivered groups, engines serve the resumed weights
+        assert r["train/rollout_logprob_abs_diff_max"] <= 1e-4, r
     final = ledger(run_dir)
     assert [line["step"] for line in final] == list(range(6))
     groups = [g for line in final for g in line["groups"]]
     assert len(groups) == len(set(groups)), "a group was trained twice"
     assert lost_training <= set(groups), "groups trained after the last checkpoint were not re-trained"
     assert trained_count(valkey.url, "resume") == len(groups)
+
+
+def test_async_keeps_producing_when_groups_are_dropped(tiny_model, prompts, valkey, tmp_path):
+    run_dir = tmp_path / "drops"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--mode", "async",
+                      "--custom-rm-path", "tests.train.reference_plugins.fail_odd_groups")  # fmt: skip
+    run_train(argv, tmp_path / "drops.log", timeout=180)
+    groups = [g for line in ledger(run_dir) for g in line["groups"]]
+    assert len(groups) == 6 and all(int(g[1:]) % 2 == 0 for g in groups)  # only complete groups trained
+
+
+def test_missing_reward_fails_the_run_with_a_clear_error(tiny_model, prompts, valkey, tmp_path):
+    argv = train_argv(tiny_model, prompts, tmp_path / "none", valkey.url, "--num-rollout", "2",
+                      "--custom-rm-path", "tests.train.reference_plugins.no_reward")  # fmt: skip
+    log = tmp_path / "none.log"
+    with ManagedProcess(argv, log_path=log) as proc:
+        assert proc.proc.wait(180) != 0
+    assert "gave no trainable group" in log.read_text()
+
+
+def test_wrong_plugin_fails_before_any_process_starts(tiny_model, prompts, valkey, tmp_path):
+    argv = train_argv(tiny_model, prompts, tmp_path / "bad", valkey.url,
+                      "--custom-rm-path", "tests.train.reference_plugins.not_async_reward")  # fmt: skip
+    log = tmp_path / "bad.log"
+    with ManagedProcess(argv, log_path=log) as proc:
+        assert proc.proc.wait(60) != 0
+    text = log.read_text()
+    assert "async def reward(args, sample: Sample) -> float" in text
+    assert not (tmp_path / "bad" / "logs").exists()  # no engine, router or buffer was started
