@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
@@ -10,10 +11,11 @@ from pydantic import BaseModel
 from buffer.records import SessionInfo
 from router.api_v1 import parse, read_json
 from router.openai_api import APIError
-from router.sessions import CreateSession, FinishSession, Session
+from router.sessions import Closed, CreateSession, FinishSession, Session
 from router.state import RouterState, get_state
 
 admin = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def _bearer(request: Request) -> str:
@@ -27,11 +29,16 @@ def require_admin(state: RouterState, request: Request) -> None:
         raise APIError(401, "admin token required", type="authentication_error", code="invalid_admin_token")
 
 
-def _session(state: RouterState, session_id: str) -> Session:
-    session = state.sessions.by_id.get(session_id)
+def _session(state: RouterState, session_id: str) -> Session | Closed:
+    """The open session, or what is kept of a finished one."""
+    session = state.sessions.by_id.get(session_id) or state.sessions.closed_by_id.get(session_id)
     if session is None:
         raise APIError(404, f"no session {session_id!r}", code="session_not_found")
     return session
+
+
+def _finished(session_id: str) -> APIError:
+    return APIError(409, f"session {session_id} is already finished", code="session_finished")
 
 
 @admin.post("/sessions")
@@ -44,7 +51,8 @@ async def create_session(request: Request) -> dict:
     except ValueError as e:
         raise APIError(400, str(e), param="index") from None
     info = SessionInfo(session.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable)
-    await state.store.open_session(info)
+    await state.store.open_session(info)  # a refusal leaves no session behind
+    state.sessions.register(session)
     state.metrics.active_sessions.inc()
     base = str(request.base_url).rstrip("/")
     return {
@@ -60,7 +68,8 @@ async def create_session(request: Request) -> dict:
 async def get_session(request: Request, session_id: str) -> dict:
     state = get_state(request)
     require_admin(state, request)
-    return _session(state, session_id).summary()
+    session = _session(state, session_id)
+    return session.summary if isinstance(session, Closed) else session.summary()
 
 
 @admin.post("/sessions/{session_id}/finish")
@@ -71,12 +80,22 @@ async def finish_session(request: Request, session_id: str) -> dict:
     if not hmac.compare_digest(_bearer(request).encode(), session.api_key.encode()):
         require_admin(state, request)
     req: FinishSession = parse(FinishSession, await read_json(request))
-    if session.finished is not None:
-        raise APIError(409, f"session {session_id} is already finished", code="session_finished")
-    async with session.write_lock:  # after any turn still being written
-        await state.store.finish_session(session_id, req.reward, req.status, req.metadata)
-        session.seal(req)
+    if isinstance(session, Closed) or session.closed:  # checked and set with no await in between
+        raise _finished(session_id)
+    session.finishing = True
+    try:
+        if not await session.wait_idle(state.config.finish_timeout):
+            log.warning("finishing %s with %d turn(s) still generating", session_id, session.inflight)
+        async with session.write_lock:  # after any turn still being written
+            if session.finished is not None:
+                raise _finished(session_id)
+            await state.store.finish_session(session_id, req.reward, req.status, req.metadata)
+            session.seal(req)
+    finally:
+        session.finishing = False  # `finished` is set from here on, unless the store refused
     state.metrics.active_sessions.dec()
+    state.pool.release(session.engine)
+    state.sessions.close(session)
     return session.summary()
 
 

@@ -7,8 +7,10 @@ then commit the turn and write it through to the store.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -16,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from buffer.errors import BufferInputError
 from router import responses as R
 from router.capture import Capture, TurnPlan
 from router.engine_pool import EngineFailedMidStream
@@ -24,6 +27,7 @@ from router.openai_api import (
     ChatRequest,
     CompletionRequest,
     SamplingFields,
+    from_buffer_error,
     from_validation_error,
     validate_messages,
 )
@@ -62,13 +66,42 @@ def resolve_session(state: RouterState, request: Request, path_key: str | None) 
         auth = request.headers.get("authorization", "")
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
     session = state.sessions.by_api_key(key) if key else None
+    if session is None and key and (closed := state.sessions.closed_by_key.get(key)):
+        raise APIError(409, f"session {closed.session_id} is finished", code="session_finished")
     if session is None:
         if path_key is None and state.config.allow_anonymous and not (key or "").startswith(KEY_PREFIX):
             return None
         raise APIError(401, "unknown or missing session key", type="authentication_error", code="invalid_api_key")
-    if session.finished is not None:
+    if session.closed:
         raise APIError(409, f"session {session.session_id} is finished", code="session_finished")
     return session
+
+
+@dataclass
+class InFlight:
+    """A turn counted as in flight on its session until recorded or failed (a finish waits for
+    it). A streamed turn is handed to its response body, which ends it when the stream ends."""
+
+    session: Session | None
+    handed_off: bool = False
+    ended: bool = False
+
+    def end(self) -> None:
+        if self.session is not None and not self.ended:
+            self.ended = True
+            self.session.end_turn()
+
+
+@contextlib.contextmanager
+def in_flight(session: Session | None) -> Iterator[InFlight]:
+    if session is not None:
+        session.begin_turn()
+    turn = InFlight(session)
+    try:
+        yield turn
+    finally:
+        if not turn.handed_off:
+            turn.end()
 
 
 def sampling_params(state: RouterState, req: SamplingFields, max_tokens: int | None, prompt_len: int) -> dict:
@@ -116,30 +149,44 @@ def assistant_message(state: RouterState, gen: Generation, parse_tools: bool) ->
 
 
 def stream_response(
-    state: RouterState, session: Session | None, plan: TurnPlan, events, result: StreamedTurn, usage_chunk, started
+    state: RouterState, turn: InFlight, plan: TurnPlan, events, result: StreamedTurn, usage_chunk, started
 ) -> StreamingResponse:
     """Send `events`, then record the turn (once the whole output is known), usage and [DONE]."""
+    turn.handed_off = True
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            async for event in events:
+            async for event in _recorded(state, turn, plan, events, result, usage_chunk, started):
                 yield event
-        except EngineFailedMidStream as e:
-            yield sse(APIError(502, str(e), type="server_error", code="engine_failed").body())
-            return
-        if any(g.finish_type == "abort" for g in result.generations):
-            yield sse(APIError(503, "the engine aborted the generation", type="server_error").body())
-            return
-        if session is not None:  # before the finish reasons, so the agent's next turn sees this one
-            await state.runner.record(session, plan, result.generations, result.answers, started)
-        for event in result.closing:
-            yield event
-        if usage_chunk is not None:
-            prompt = len(plan.input_ids)
-            yield sse({**usage_chunk, "choices": [], "usage": R.usage(prompt, result.generations)})
-        yield b"data: [DONE]\n\n"
+        finally:
+            turn.end()
 
     return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def _recorded(state, turn: InFlight, plan, events, result: StreamedTurn, usage_chunk, started):
+    session = turn.session
+    try:
+        async for event in events:
+            yield event
+    except EngineFailedMidStream as e:
+        yield sse(APIError(502, str(e), type="server_error", code="engine_failed").body())
+        return
+    if any(g.finish_type == "abort" for g in result.generations):
+        yield sse(APIError(503, "the engine aborted the generation", type="server_error").body())
+        return
+    if session is not None:  # before the finish reasons, so the agent's next turn sees this one
+        try:
+            await state.runner.record(session, plan, result.generations, result.answers, started)
+        except (APIError, BufferInputError) as e:
+            yield sse((e if isinstance(e, APIError) else from_buffer_error(e)).body())
+            return
+    for event in result.closing:
+        yield event
+    if usage_chunk is not None:
+        prompt = len(plan.input_ids)
+        yield sse({**usage_chunk, "choices": [], "usage": R.usage(prompt, result.generations)})
+    yield b"data: [DONE]\n\n"
 
 
 async def engine_chunks(
@@ -166,7 +213,12 @@ def stream_head(req: SamplingFields, state: RouterState, prefix: str, obj: str) 
 async def chat_completions(request: Request, api_key: str | None = None) -> Response:
     state, started = get_state(request), time.time()
     session = resolve_session(state, request, api_key)
-    body = await read_json(request)
+    with in_flight(session) as turn:
+        return await _chat(state, turn, await read_json(request), started)
+
+
+async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+    session = turn.session
     req: ChatRequest = parse(ChatRequest, body)
     tools = body.get("tools") or None
     capture = session.capture if session else Capture(state.renderer)
@@ -178,7 +230,7 @@ async def chat_completions(request: Request, api_key: str | None = None) -> Resp
     extra = {"top_logprobs_num": req.top_logprobs} if req.logprobs and req.top_logprobs else {}
     parse_tools = bool(tools) and req.tool_choice != "none"
     if req.stream:
-        return await stream_chat(state, session, plan, req, params, extra, parse_tools, started)
+        return await stream_chat(state, turn, plan, req, params, extra, parse_tools, started)
     gens = await run_turn(state, session, plan, params, extra)
     messages = [assistant_message(state, g, parse_tools) for g in gens]
     logprobs = [R.chat_logprobs(state.renderer, g) for g in gens] if req.logprobs else None
@@ -188,8 +240,8 @@ async def chat_completions(request: Request, api_key: str | None = None) -> Resp
     return R.json_response(out)
 
 
-async def stream_chat(state, session, plan, req: ChatRequest, params, extra, parse_tools, started) -> Response:
-    chunks = await engine_chunks(state, session, plan, params, extra)
+async def stream_chat(state, turn: InFlight, plan, req: ChatRequest, params, extra, parse_tools, started) -> Response:
+    chunks = await engine_chunks(state, turn.session, plan, params, extra)
     head = stream_head(req, state, "chatcmpl", "chat.completion.chunk")
     result = StreamedTurn()
     lp = (lambda entries: R.stream_logprobs(state.renderer, entries)) if req.logprobs else None
@@ -198,7 +250,7 @@ async def stream_chat(state, session, plan, req: ChatRequest, params, extra, par
         result,
     )  # fmt: skip
     usage_chunk = head if req.stream_options and req.stream_options.include_usage else None
-    return stream_response(state, session, plan, events, result, usage_chunk, started)
+    return stream_response(state, turn, plan, events, result, usage_chunk, started)
 
 
 @api.post("/v1/completions")
@@ -206,7 +258,13 @@ async def stream_chat(state, session, plan, req: ChatRequest, params, extra, par
 async def completions(request: Request, api_key: str | None = None) -> Response:
     state, started = get_state(request), time.time()
     session = resolve_session(state, request, api_key)
-    req: CompletionRequest = parse(CompletionRequest, await read_json(request))
+    with in_flight(session) as turn:
+        return await _completion(state, turn, await read_json(request), started)
+
+
+async def _completion(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+    session = turn.session
+    req: CompletionRequest = parse(CompletionRequest, body)
     capture = session.capture if session else Capture(state.renderer)
     text_prompt = isinstance(req.prompt, str)
     plan = capture.plan_text(req.prompt) if text_prompt else capture.plan_tokens(req.prompt)
@@ -218,7 +276,7 @@ async def completions(request: Request, api_key: str | None = None) -> Response:
         if not text_prompt:
             events = _no_answers(events, result)
         usage_chunk = head if req.stream_options and req.stream_options.include_usage else None
-        return stream_response(state, session, plan, events, result, usage_chunk, started)
+        return stream_response(state, turn, plan, events, result, usage_chunk, started)
     gens = await run_turn(state, session, plan, params)
     texts = [g.text for g in gens]
     logprobs = [R.completion_logprobs(state.renderer, g) for g in gens] if req.logprobs is not None else None
@@ -251,7 +309,11 @@ async def generate(request: Request, api_key: str) -> Response:
     """Token-in path: an SGLang /generate body (single prompt of `input_ids`), captured."""
     state, started = get_state(request), time.time()
     session = resolve_session(state, request, api_key)
-    body = await read_json(request)
+    with in_flight(session):
+        return await _generate(state, session, await read_json(request), started)
+
+
+async def _generate(state: RouterState, session: Session, body: dict, started: float) -> Response:
     ids = body.get("input_ids")
     if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
         raise APIError(400, "the token-in path takes one prompt as `input_ids`: a non-empty list of ints")

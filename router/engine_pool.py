@@ -62,6 +62,12 @@ class EnginePool:
         if self.engines.pop(url.rstrip("/"), None) is None:
             raise KeyError(url)
 
+    def release(self, url: str | None) -> None:
+        """A session placed on `url` finished: it no longer counts toward that engine's load."""
+        engine = self.engines.get(url) if url else None
+        if engine is not None:
+            engine.sessions = max(0, engine.sessions - 1)
+
     def pick(self, sticky: str | None, exclude: set[str] = frozenset()) -> Engine:
         """The session's engine if it is healthy, else the least-loaded healthy engine."""
         engine = self.engines.get(sticky) if sticky else None

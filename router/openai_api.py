@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from buffer.errors import BufferInputError, ConflictError, SessionFinishedError
+
 
 class APIError(Exception):
     """An error the client sees as `{"error": {"message", "type", "param", "code"}}`."""
@@ -22,6 +24,15 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def from_buffer_error(e: BufferInputError) -> APIError:
+    """The buffer refused a write as inconsistent: 409 for a conflict with what it holds, else 400."""
+    if isinstance(e, SessionFinishedError):
+        return APIError(409, str(e), code="session_finished")
+    if isinstance(e, ConflictError):
+        return APIError(409, str(e), code="conflict")
+    return APIError(400, str(e), code="buffer_rejected")
 
 
 def from_validation_error(e: ValidationError, prefix: str = "") -> APIError:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -15,12 +16,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from buffer.errors import BufferInputError
 from router.admin import admin
 from router.api_v1 import api
 from router.config import RouterConfig
 from router.engine_pool import EnginePool, EngineRejected, NoEngineError
 from router.metrics import RouterMetrics
-from router.openai_api import APIError
+from router.openai_api import APIError, from_buffer_error
 from router.render import ChatRenderer
 from router.responses import json_response
 from router.sessions import SessionRegistry
@@ -47,7 +49,7 @@ def _build_state(config: RouterConfig, store: TurnStore, client: httpx.AsyncClie
     return RouterState(
         config=config,
         renderer=renderer,
-        sessions=SessionRegistry(renderer),
+        sessions=SessionRegistry(renderer, config.keep_finished),
         pool=pool,
         store=store,
         runner=TurnRunner(pool, store, metrics),
@@ -100,10 +102,16 @@ def _install_handlers(app: FastAPI) -> None:
     async def no_engine(_: Request, e: NoEngineError) -> Response:
         return _error(APIError(503, str(e), type="server_error", code="no_healthy_engine"))
 
+    @app.exception_handler(BufferInputError)
+    async def buffer_refused(_: Request, e: BufferInputError) -> Response:
+        return _error(from_buffer_error(e))
+
     @app.exception_handler(Exception)
-    async def internal(_: Request, e: Exception) -> Response:
-        log.exception("unhandled error")
-        return _error(APIError(500, f"internal error: {e!r}", type="server_error", code="internal_error"))
+    async def internal(request: Request, e: Exception) -> Response:
+        error_id = secrets.token_hex(6)  # the details stay in the log, found by this id
+        log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=e)
+        message = f"internal error (id {error_id}); the router's log has the details"
+        return _error(APIError(500, message, type="server_error", code="internal_error"))
 
     @app.exception_handler(EngineRejected)
     async def rejected(_: Request, e: EngineRejected) -> Response:

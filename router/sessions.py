@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,7 +47,33 @@ class Session:
     finished: FinishSession | None = None
     created_at: float = field(default_factory=time.time)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
+    finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
+    inflight: int = 0  # turns between request and record (or failure)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set while inflight == 0
     _final: dict[str, Any] | None = field(default=None, repr=False)  # the summary kept after `seal`
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    @property
+    def closed(self) -> bool:
+        """Finished, or being finished: no new turn may start."""
+        return self.finished is not None or self.finishing
+
+    def begin_turn(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def end_turn(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no turn is in flight; False if `timeout` passed first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        return self.inflight == 0
 
     def seal(self, finish: FinishSession) -> None:
         """Mark finished and drop the capture state (tokens, history): nothing extends it any more."""
@@ -71,13 +99,29 @@ class Session:
         }
 
 
+@dataclass(frozen=True)
+class Closed:
+    """What is kept of a finished session: enough to answer 409 to its key and `GET` its summary."""
+
+    session_id: str
+    api_key: str
+    summary: dict[str, Any]
+
+
 class SessionRegistry:
-    def __init__(self, renderer: ChatRenderer):
+    """Open sessions by id and key; finished ones leave these maps and only their summaries stay,
+    the most recent `keep_finished` of them (older ones answer 404 / 401)."""
+
+    def __init__(self, renderer: ChatRenderer, keep_finished: int = 10_000):
         self.renderer = renderer
+        self.keep_finished = keep_finished
         self.by_id: dict[str, Session] = {}
         self.by_key: dict[str, Session] = {}
+        self.closed_by_id: OrderedDict[str, Closed] = OrderedDict()
+        self.closed_by_key: dict[str, Closed] = {}
 
     def create(self, req: CreateSession) -> Session:
+        """A new session, not yet reachable: `register` it once the store has it."""
         if req.index >= req.group_size:
             raise ValueError(f"index {req.index} must be < group_size {req.group_size}")
         session = Session(
@@ -89,9 +133,23 @@ class SessionRegistry:
             metadata=req.metadata,
             capture=Capture(self.renderer),
         )
+        return session
+
+    def register(self, session: Session) -> None:
+        """Make a created session reachable (once the store has opened it)."""
         self.by_id[session.session_id] = session
         self.by_key[session.api_key] = session
-        return session
 
     def by_api_key(self, key: str) -> Session | None:
         return self.by_key.get(key)
+
+    def close(self, session: Session) -> None:
+        """Drop a sealed session from the open maps, keeping its summary in the bounded LRU."""
+        self.by_id.pop(session.session_id, None)
+        self.by_key.pop(session.api_key, None)
+        closed = Closed(session.session_id, session.api_key, session.summary())
+        self.closed_by_id[closed.session_id] = closed
+        self.closed_by_key[closed.api_key] = closed
+        while len(self.closed_by_id) > self.keep_finished:
+            _, old = self.closed_by_id.popitem(last=False)
+            self.closed_by_key.pop(old.api_key, None)

@@ -7,18 +7,24 @@ never re-derived from text.
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from buffer.errors import BufferInputError
 from buffer.records import Turn
 from router.capture import TurnPlan
 from router.engine_pool import EnginePool
 from router.history import PARALLEL_CHOICE
 from router.metrics import RouterMetrics
+from router.openai_api import APIError
 from router.sessions import Session
 from router.storage import TurnStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,12 +107,20 @@ class TurnRunner:
     async def record(
         self, session: Session, plan: TurnPlan, gens: list[Generation], answers: list[dict | str | None], started: float
     ) -> None:
-        """Commit each choice to the capture and write its turn through to the store, in order.
+        """Write each choice's turn to the store, then commit it to the capture, in order.
 
         `answers[i]` is what choice i returned to the agent: the assistant message (chat), the
-        completion text (completions) or None (token-in)."""
+        completion text (completions) or None (token-in). A failed store write rolls the capture
+        back, so the session stays as it was before that choice (a 503 for the client)."""
         async with session.write_lock:
+            if session.finished is not None:  # the finish stopped waiting for this turn
+                raise APIError(
+                    409,
+                    f"session {session.session_id} was finished while this turn was generating; it is not recorded",
+                    code="session_finished",
+                )
             for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
+                saved = [copy.copy(seg) for seg in session.capture.segments]  # commit reassigns, never mutates
                 choice_plan = plan if i == 0 else session.capture.fork(plan, PARALLEL_CHOICE)
                 committed = session.capture.commit(
                     choice_plan,
@@ -114,8 +128,6 @@ class TurnRunner:
                     reply=answer if isinstance(answer, dict) else None,
                     text=answer if isinstance(answer, str) else None,
                 )
-                if committed.new_segment:
-                    self.metrics.segments.labels(committed.split_reason or "first").inc()
                 turn = Turn(
                     session_id=session.session_id,
                     turn_index=session.turns,
@@ -130,8 +142,22 @@ class TurnRunner:
                     started_at=started,
                     finished_at=time.time(),
                 )
+                try:
+                    await self.store.append_turn(turn)
+                except Exception as e:
+                    session.capture.segments = saved
+                    if isinstance(e, BufferInputError):
+                        raise
+                    log.exception("storing turn %d of %s failed", turn.turn_index, session.session_id)
+                    raise APIError(
+                        503,
+                        f"the turn could not be stored ({type(e).__name__}); the session is unchanged: retry",
+                        type="server_error",
+                        code="store_unavailable",
+                    ) from e
                 session.turns += 1
+                if committed.new_segment:
+                    self.metrics.segments.labels(committed.split_reason or "first").inc()
                 self.metrics.turns.inc()
                 self.metrics.tokens_in.inc(len(committed.prompt_ids))
                 self.metrics.tokens_out.inc(len(gen.output_ids))
-                await self.store.append_turn(turn)

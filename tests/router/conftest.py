@@ -101,6 +101,7 @@ class RouterUnderTest:
     store: MemoryStore
     engine_log: list
     admin: dict
+    app: FastAPI | None = None  # the in-process app, to look at its state
 
     def new_session(self, **body) -> dict:
         r = httpx.post(self.url + "/sessions", json=body, headers=self.admin)
@@ -127,15 +128,16 @@ def router_app(tiny_model, engine_url) -> Iterator[RouterUnderTest]:
 
 @pytest.fixture
 def router_factory(tiny_model) -> Iterator:
-    """`make(engine_urls, **config)` starts an in-process router; all are stopped after the test."""
+    """`make(engine_urls, store=None, **config)` starts an in-process router; all are stopped after the test."""
     servers: list[ThreadServer] = []
 
-    def make(engines: list[str], **overrides) -> RouterUnderTest:
-        store = MemoryStore()
+    def make(engines: list[str], store: MemoryStore | None = None, **overrides) -> RouterUnderTest:
+        store = store or MemoryStore()
         config = RouterConfig(model=tiny_model, engine=engines, admin_token=ADMIN_TOKEN, **overrides)
-        server = ThreadServer(create_app(config, store=store)).__enter__()
+        app = create_app(config, store=store)
+        server = ThreadServer(app).__enter__()
         servers.append(server)
-        return RouterUnderTest(server.url, store, [], {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        return RouterUnderTest(server.url, store, [], {"Authorization": f"Bearer {ADMIN_TOKEN}"}, app)
 
     yield make
     for server in servers:
