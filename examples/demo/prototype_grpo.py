@@ -34,6 +34,7 @@ class GRPOConfig:
     n_samples: int = help_field(8, help="samples per prompt")
     lr: float = help_field(1e-3, help="AdamW learning rate")
     warmup_steps: int = help_field(5, help="linear learning-rate warm-up (Adam's first steps are full-size)")
+    adam_eps: float = help_field(1e-8, help="AdamW epsilon (larger damps steps on parameters with tiny gradients)")
     kl_coef: float = help_field(0.0, help="weight of the k3 KL penalty to the warm-started model (0: none)")
     max_new_tokens: int = help_field(40, help="per turn")
     eval_every: int = help_field(5, help="evaluate every N steps")
@@ -166,9 +167,8 @@ def train(model_dir: Path, cfg: GRPOConfig, task: TaskConfig) -> list[tuple[int,
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval() if cfg.kl_coef else None
     train_set, eval_set = make_splits(task)
     rng = random.Random(cfg.seed)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0
-    )  # trainer defaults
+    # betas as slimeish's trainer defaults
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=cfg.adam_eps, weight_decay=0.0)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / (cfg.warmup_steps + 1)))
     start, curve = time.monotonic(), []
     for step in range(cfg.steps + 1):
