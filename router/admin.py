@@ -116,10 +116,9 @@ async def add_engine(request: Request) -> dict:
     require_admin(state, request)
     req: EngineURL = parse(EngineURL, await read_json(request))
     try:
-        engine = state.pool.add(req.url)
+        engine = await state.pool.admit(req.url)
     except ValueError as e:
         raise APIError(400, str(e), param="url") from None
-    await state.pool.check_health()
     return engine.as_dict()
 
 

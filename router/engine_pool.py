@@ -39,9 +39,11 @@ class Engine:
     inflight: int = 0
     sessions: int = 0
     weight_version: str | None = None
+    refused: str | None = None  # why the engine is kept out of the pool until it is added again
+    version_checked: bool = False
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version")}
+        return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version", "refused")}
 
 
 class EnginePool:
@@ -57,6 +59,16 @@ class EnginePool:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"engine URL must start with http:// or https://, got {url!r}")
         return self.engines.setdefault(url, Engine(url))
+
+    async def admit(self, url: str) -> Engine:
+        """Add an engine (or re-check a known one) now; ValueError if its weight version is unusable."""
+        engine = self.add(url)
+        engine.refused, engine.version_checked = None, False
+        await self._check(engine)
+        if engine.refused:
+            self.remove(engine.url)
+            raise ValueError(engine.refused)
+        return engine
 
     def remove(self, url: str) -> None:
         if self.engines.pop(url.rstrip("/"), None) is None:
@@ -151,11 +163,37 @@ class EnginePool:
     async def _check(self, engine: Engine) -> None:
         try:
             ok = (await self.client.get(engine.url + "/health", timeout=5.0)).status_code == 200
+            if ok and not engine.version_checked:
+                await self._check_version(engine)
         except httpx.HTTPError:
             ok = False
+        ok = ok and engine.refused is None
         if ok != engine.healthy:
             log.warning("engine %s is now %s", engine.url, "healthy" if ok else "unhealthy")
         engine.healthy = ok
+
+    async def _check_version(self, engine: Engine) -> None:
+        """Turns record integer weight versions: refuse an engine reporting another kind (SGLang's
+        default is "default"). An engine without /model_info (a router in front) is trusted."""
+        response = await self.client.get(engine.url + "/model_info", timeout=5.0)
+        engine.version_checked = True
+        try:
+            info = response.json() if response.status_code == 200 else None
+        except ValueError:
+            return
+        version = info.get("weight_version") if isinstance(info, dict) else None
+        if version is None:
+            return
+        try:
+            int(version)
+        except (TypeError, ValueError):
+            engine.refused = (
+                f"engine {engine.url} reports weight_version {version!r}, which is not an integer; "
+                "start SGLang with --weight-version 0"
+            )
+            log.error("%s; it is kept out of the pool", engine.refused)
+            return
+        engine.weight_version = str(version)
 
     async def health_loop(self, interval: float) -> None:
         while True:

@@ -25,10 +25,10 @@ def renderer(tiny_model) -> ChatRenderer:
     return ChatRenderer(tiny_model)
 
 
-def start_engine(model: Path, log_dir: Path, name: str = "engine") -> tuple[ManagedProcess, str]:
+def start_engine(model: Path, log_dir: Path, name: str = "engine", *args: str) -> tuple[ManagedProcess, str]:
     port = free_port()
     proc = ManagedProcess.slimeish(
-        "engine", "--model", str(model), "--port", str(port), log_path=log_dir / f"{name}-{port}.log"
+        "engine", "--model", str(model), "--port", str(port), *args, log_path=log_dir / f"{name}-{port}.log"
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -10,6 +10,7 @@ import httpx
 import openai
 
 from slimeish.procs import ManagedProcess, free_port, wait_http
+from tests.router.conftest import start_engine
 
 SMG = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))
 
@@ -87,3 +88,21 @@ def test_smg_router_in_front_of_two_engines(router_factory, extra_engine, engine
         assert flushed["engines"][0]["url"] == f"http://127.0.0.1:{port}"
     finally:
         smg.stop()
+
+
+def test_engine_with_a_non_integer_weight_version_is_refused(router_factory, engine_url, tiny_model, tmp_path):
+    proc, bad = start_engine(tiny_model, tmp_path, "default-version", "--weight-version", "default")
+    try:
+        router = router_factory([bad, engine_url])
+        listed = httpx.get(router.url + "/admin/engines", headers=router.admin).json()["engines"]
+        engines = {e["url"]: e for e in listed}
+        assert not engines[bad]["healthy"] and "--weight-version 0" in engines[bad]["refused"]
+        assert engines[engine_url]["healthy"] and engines[engine_url]["refused"] is None
+        session, _ = episode(router, 1)  # served by the good engine only
+        assert router.record(session["session_id"])["engine"] == engine_url
+        r = httpx.post(router.url + "/admin/engines", json={"url": bad}, headers=router.admin)  # checked again
+        assert r.status_code == 400 and "--weight-version 0" in r.json()["error"]["message"]
+        engines = httpx.get(router.url + "/admin/engines", headers=router.admin).json()["engines"]
+        assert [e["url"] for e in engines] == [engine_url]
+    finally:
+        proc.stop()
