@@ -320,7 +320,10 @@ async def _generate(state: RouterState, session: Session, body: dict, started: f
     if body.get("stream"):
         raise APIError(400, "stream is not supported on the token-in path", param="stream")
     plan = session.capture.plan_tokens(ids)
-    params = dict(body.get("sampling_params") or {})
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise APIError(400, "sampling_params must be a JSON object", param="sampling_params")
+    params = dict(params)
     forwarded = {k: v for k, v in body.items() if k not in ("input_ids", "text", "sampling_params", "return_logprob")}
     gens = await run_turn(state, session, plan, params, forwarded)
     await state.runner.record(session, plan, gens, [None] * len(gens), started)

@@ -168,3 +168,12 @@ def test_weight_update_fans_out_and_versions_reach_the_record(router_app, sessio
         assert router_app.store.turns[session["session_id"]][-1].weight_versions == [7]
     finally:
         assert update("0")["ok"]  # the engine is shared with other tests
+
+
+@pytest.mark.parametrize("bad", [[1, 2], 3, "greedy", True])
+def test_token_in_sampling_params_must_be_an_object(router_app, session, bad):
+    url = f"{router_app.url}/s/{session['api_key']}/generate"
+    turns = router_app.record(session["session_id"])["turns"]
+    r = httpx.post(url, json={"input_ids": [1, 2, 3], "sampling_params": bad})
+    assert assert_openai_error(r, 400)["param"] == "sampling_params"
+    assert router_app.record(session["session_id"])["turns"] == turns
