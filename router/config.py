@@ -23,6 +23,7 @@ class RouterConfig:
     context_length: int | None = help_field(None, help="context window in tokens (default: from the model config)")
     health_interval: float = help_field(2.0, help="seconds between engine health checks")
     request_timeout: float = help_field(600.0, help="seconds to wait for one engine /generate call")
+    engine_retries: int = help_field(2, help="other engines tried when an engine cannot be reached (not on errors)")
     finish_timeout: float = help_field(
         60.0, help="seconds a session finish waits for the session's generating turns to be recorded"
     )

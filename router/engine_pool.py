@@ -2,8 +2,10 @@
 
 An engine is any server speaking SGLang's native HTTP protocol (an SGLang server, the embedded
 engine, or an SGLang/smg router in front of several). A session sticks to one engine so its
-prefix stays in that engine's cache; a request whose engine fails before answering is retried
-on another healthy engine, and the failed one is ejected until a health check re-admits it.
+prefix stays in that engine's cache; a request whose engine cannot be reached is retried
+on another healthy engine (at most `retries` times), and the failed one is ejected until a health
+check re-admits it. An engine that answers with an error or times out fails only that request: a
+poison request or a long generation must not empty the pool.
 """
 
 from __future__ import annotations
@@ -28,6 +30,25 @@ class EngineRejected(ValueError):
     """The engine answered 4xx: the request itself is bad (an HTTP 400 for the client)."""
 
 
+class EngineError(RuntimeError):
+    """The engine failed this one request (5xx answer, timeout): 502/504 for the client, no retry."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+# Failures before the engine saw the request (refused, reset, dropped keep-alive): safe to retry.
+UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _check_status(engine: Engine, status: int, text: str) -> None:
+    if status >= 500:
+        raise EngineError(502, f"engine {engine.url} answered HTTP {status}: {text[:300]}")
+    if status >= 400:
+        raise EngineRejected(f"engine rejected the request: {text[:500]}")
+
+
 class EngineFailedMidStream(RuntimeError):
     """The engine failed after output was already sent to the client: no retry is possible."""
 
@@ -47,9 +68,10 @@ class Engine:
 
 
 class EnginePool:
-    def __init__(self, client: httpx.AsyncClient, urls: list[str], timeout: float):
+    def __init__(self, client: httpx.AsyncClient, urls: list[str], timeout: float, retries: int = 2):
         self.client = client
         self.timeout = timeout
+        self.retries = retries  # other engines tried after one cannot be reached
         self.engines: dict[str, Engine] = {}
         for url in urls:
             self.add(url)
@@ -91,12 +113,12 @@ class EnginePool:
         return min(candidates, key=lambda e: (e.inflight, e.sessions))
 
     async def generate(self, payload: dict, sticky: str | None) -> tuple[dict, Engine]:
-        """POST /generate, retrying on other engines when one fails before answering."""
+        """POST /generate, retried on another engine only when one cannot be reached."""
         body = orjson.dumps(payload)
-        tried: set[str] = set()
-        while True:
-            engine = self.pick(sticky, tried)
-            tried.add(engine.url)
+        tried: list[str] = []
+        for _ in range(self.retries + 1):
+            engine = self.pick(sticky, set(tried))
+            tried.append(engine.url)
             engine.inflight += 1
             try:
                 response = await self.client.post(
@@ -105,29 +127,28 @@ class EnginePool:
                     headers={"content-type": "application/json"},
                     timeout=self.timeout,
                 )
-            except httpx.TransportError as e:
+            except UNREACHABLE as e:
                 self._eject(engine, repr(e))
                 continue
+            except httpx.TransportError as e:
+                raise self._failed(engine, e) from e
             finally:
                 engine.inflight -= 1
-            if response.status_code >= 500:
-                self._eject(engine, f"HTTP {response.status_code}: {response.text[:200]}")
-                continue
-            if response.status_code >= 400:
-                raise EngineRejected(f"engine rejected the request: {response.text[:500]}")
+            _check_status(engine, response.status_code, response.text)
             data = orjson.loads(response.content)
             first = data[0] if isinstance(data, list) and data else data
             engine.weight_version = first.get("meta_info", {}).get("weight_version", engine.weight_version)
             return data, engine
+        raise NoEngineError(f"no engine could be reached (tried {', '.join(tried)})")
 
     async def stream(self, payload: dict, sticky: str | None) -> AsyncIterator[tuple[dict, Engine]]:
-        """POST /generate with `stream: true`, yielding SGLang chunks; an engine that fails before
-        its first chunk is ejected and the request retried on another one."""
+        """POST /generate with `stream: true`, yielding SGLang chunks; an engine that cannot be
+        reached is ejected and the request retried on another one."""
         body = orjson.dumps({**payload, "stream": True})
-        tried: set[str] = set()
-        while True:
-            engine = self.pick(sticky, tried)
-            tried.add(engine.url)
+        tried: list[str] = []
+        for _ in range(self.retries + 1):
+            engine = self.pick(sticky, set(tried))
+            tried.append(engine.url)
             engine.inflight += 1
             started = False
             try:
@@ -135,11 +156,8 @@ class EnginePool:
                     "POST", engine.url + "/generate", content=body, headers={"content-type": "application/json"},
                     timeout=self.timeout,
                 ) as response:  # fmt: skip
-                    if response.status_code >= 500:
-                        self._eject(engine, f"HTTP {response.status_code}")
-                        continue
                     if response.status_code >= 400:
-                        raise EngineRejected(f"engine rejected the request: {(await response.aread())[:500]!r}")
+                        _check_status(engine, response.status_code, (await response.aread()).decode(errors="replace"))
                     async for line in response.aiter_lines():
                         if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                             continue
@@ -147,11 +165,20 @@ class EnginePool:
                         yield orjson.loads(line[5:]), engine
                     return
             except httpx.TransportError as e:
-                self._eject(engine, repr(e))
                 if started:
                     raise EngineFailedMidStream(f"engine {engine.url} failed mid-stream: {e!r}") from e
+                if not isinstance(e, UNREACHABLE):
+                    raise self._failed(engine, e) from e
+                self._eject(engine, repr(e))
             finally:
                 engine.inflight -= 1
+        raise NoEngineError(f"no engine could be reached (tried {', '.join(tried)})")
+
+    def _failed(self, engine: Engine, e: httpx.TransportError) -> EngineError:
+        """A request that reached the engine and then failed: the engine stays (health checks decide)."""
+        if isinstance(e, httpx.TimeoutException):
+            return EngineError(504, f"engine {engine.url} did not answer within {self.timeout:g} s")
+        return EngineError(502, f"engine {engine.url} failed: {type(e).__name__}")
 
     def _eject(self, engine: Engine, why: str) -> None:
         log.warning("engine %s failed (%s); ejected until healthy", engine.url, why)

@@ -20,7 +20,7 @@ from buffer.errors import BufferInputError
 from router.admin import admin
 from router.api_v1 import api
 from router.config import RouterConfig
-from router.engine_pool import EnginePool, EngineRejected, NoEngineError
+from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError
 from router.metrics import RouterMetrics
 from router.openai_api import APIError, from_buffer_error
 from router.render import ChatRenderer
@@ -45,7 +45,7 @@ async def open_store(config: RouterConfig) -> TurnStore:
 def _build_state(config: RouterConfig, store: TurnStore, client: httpx.AsyncClient) -> RouterState:
     renderer = ChatRenderer(config.model)
     metrics = RouterMetrics()
-    pool = EnginePool(client, config.engine, timeout=config.request_timeout)
+    pool = EnginePool(client, config.engine, timeout=config.request_timeout, retries=config.engine_retries)
     return RouterState(
         config=config,
         renderer=renderer,
@@ -101,6 +101,10 @@ def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(NoEngineError)
     async def no_engine(_: Request, e: NoEngineError) -> Response:
         return _error(APIError(503, str(e), type="server_error", code="no_healthy_engine"))
+
+    @app.exception_handler(EngineError)
+    async def engine_error(_: Request, e: EngineError) -> Response:
+        return _error(APIError(e.status, str(e), type="server_error", code="engine_error"))
 
     @app.exception_handler(BufferInputError)
     async def buffer_refused(_: Request, e: BufferInputError) -> Response:
