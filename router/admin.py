@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from buffer.records import SessionInfo
@@ -29,6 +31,28 @@ def require_admin(state: RouterState, request: Request) -> None:
         raise APIError(401, "admin token required", type="authentication_error", code="invalid_admin_token")
 
 
+async def admin_state(request: Request) -> RouterState:
+    """The router state, for a request that carries the admin token."""
+    state = get_state(request)
+    require_admin(state, request)
+    return state
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
+    """A dependency parsing the JSON body into `model` (OpenAI-shaped 400 when it does not fit)."""
+
+    async def dependency(request: Request) -> M:
+        return parse(model, await read_json(request))
+
+    return dependency
+
+
+AdminState = Annotated[RouterState, Depends(admin_state)]
+
+
 def _session(state: RouterState, session_id: str) -> Session | Closed:
     """The open session, or what is kept of a finished one."""
     session = state.sessions.by_id.get(session_id) or state.sessions.closed_by_id.get(session_id)
@@ -42,10 +66,9 @@ def _finished(session_id: str) -> APIError:
 
 
 @admin.post("/sessions")
-async def create_session(request: Request) -> dict:
-    state = get_state(request)
-    require_admin(state, request)
-    req: CreateSession = parse(CreateSession, await read_json(request))
+async def create_session(
+    request: Request, state: AdminState, req: Annotated[CreateSession, Depends(json_body(CreateSession))]
+) -> dict:
     try:
         session = state.sessions.create(req)
     except ValueError as e:
@@ -65,9 +88,7 @@ async def create_session(request: Request) -> dict:
 
 
 @admin.get("/sessions/{session_id}")
-async def get_session(request: Request, session_id: str) -> dict:
-    state = get_state(request)
-    require_admin(state, request)
+async def get_session(state: AdminState, session_id: str) -> dict:
     session = _session(state, session_id)
     return session.summary if isinstance(session, Closed) else session.summary()
 
@@ -103,18 +124,16 @@ class EngineURL(BaseModel):
     url: str
 
 
+EngineBody = Annotated[EngineURL, Depends(json_body(EngineURL))]
+
+
 @admin.get("/admin/engines")
-async def list_engines(request: Request) -> dict:
-    state = get_state(request)
-    require_admin(state, request)
+async def list_engines(state: AdminState) -> dict:
     return {"engines": [e.as_dict() for e in state.pool.engines.values()]}
 
 
 @admin.post("/admin/engines")
-async def add_engine(request: Request) -> dict:
-    state = get_state(request)
-    require_admin(state, request)
-    req: EngineURL = parse(EngineURL, await read_json(request))
+async def add_engine(state: AdminState, req: EngineBody) -> dict:
     try:
         engine = await state.pool.admit(req.url)
     except ValueError as e:
@@ -123,10 +142,7 @@ async def add_engine(request: Request) -> dict:
 
 
 @admin.delete("/admin/engines")
-async def remove_engine(request: Request) -> dict:
-    state = get_state(request)
-    require_admin(state, request)
-    req: EngineURL = parse(EngineURL, await read_json(request))
+async def remove_engine(state: AdminState, req: EngineBody) -> dict:
     try:
         state.pool.remove(req.url)
     except KeyError:
@@ -144,9 +160,7 @@ _FAN_OUT = (
 
 
 def _fan_out_route(name: str) -> None:
-    async def handler(request: Request) -> dict:
-        state = get_state(request)
-        require_admin(state, request)
+    async def handler(request: Request, state: AdminState) -> dict:
         body = await read_json(request) if await request.body() else {}
         results = await state.pool.broadcast("/" + name, body)
         if name.startswith("update_weights"):
