@@ -12,9 +12,10 @@ from pydantic import BaseModel
 
 from buffer.records import SessionInfo
 from router.api_v1 import parse, read_json
-from router.openai_api import APIError
+from router.openai_api import APIError, store_unavailable
 from router.sessions import Closed, CreateSession, FinishSession, Session
 from router.state import RouterState, get_state
+from router.storage import STORE_ERRORS
 
 admin = APIRouter()
 log = logging.getLogger(__name__)
@@ -61,6 +62,15 @@ def _session(state: RouterState, session_id: str) -> Session | Closed:
     return session
 
 
+async def _stored(write: Awaitable[object], what: str) -> None:
+    """Await a store write; failing to reach the store is a 503 (a refusal stays a 400/409)."""
+    try:
+        await write
+    except STORE_ERRORS as e:
+        log.exception("storing %s failed", what)
+        raise store_unavailable(e, what) from e
+
+
 def _finished(session_id: str) -> APIError:
     return APIError(409, f"session {session_id} is already finished", code="session_finished")
 
@@ -74,7 +84,7 @@ async def create_session(
     except ValueError as e:
         raise APIError(400, str(e), param="index") from None
     info = SessionInfo(session.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable)
-    await state.store.open_session(info)  # a refusal leaves no session behind
+    await _stored(state.store.open_session(info), "the session")  # a refusal leaves no session behind
     state.sessions.register(session)
     state.metrics.active_sessions.inc()
     base = str(request.base_url).rstrip("/")
@@ -110,7 +120,7 @@ async def finish_session(request: Request, session_id: str) -> dict:
         async with session.write_lock:  # after any turn still being written
             if session.finished is not None:
                 raise _finished(session_id)
-            await state.store.finish_session(session_id, req.reward, req.status, req.metadata)
+            await _stored(state.store.finish_session(session_id, req.reward, req.status, req.metadata), "the finish")
             session.seal(req)
     finally:
         session.finishing = False  # `finished` is set from here on, unless the store refused

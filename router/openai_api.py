@@ -35,6 +35,14 @@ def from_buffer_error(e: BufferInputError) -> APIError:
     return APIError(400, str(e), code="buffer_rejected")
 
 
+def store_unavailable(e: Exception, what: str) -> APIError:
+    """The buffer could not be written (e.g. Redis unreachable): nothing changed, the client may retry."""
+    return APIError(
+        503, f"{what} could not be stored ({type(e).__name__}); nothing changed: retry", type="server_error",
+        code="store_unavailable",
+    )  # fmt: skip
+
+
 def from_validation_error(e: ValidationError, prefix: str = "") -> APIError:
     err = e.errors()[0]
     loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from redis.exceptions import RedisError
+
 from buffer.client import Buffer
 from buffer.records import SessionInfo, Turn
 from buffer.segments import build_samples
 from slimeish.types import Sample
+
+# Failures to reach the store (not refusals of the input): the write may be retried.
+STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
 
 
 class TurnStore(Protocol):

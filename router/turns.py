@@ -14,15 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from buffer.errors import BufferInputError
 from buffer.records import Turn
 from router.capture import TurnPlan
 from router.engine_pool import EnginePool
 from router.history import PARALLEL_CHOICE
 from router.metrics import RouterMetrics
-from router.openai_api import APIError
+from router.openai_api import APIError, store_unavailable
 from router.sessions import Session
-from router.storage import TurnStore
+from router.storage import STORE_ERRORS, TurnStore
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +97,8 @@ class TurnRunner:
             yield chunk, engine.url
 
     def _move(self, session: Session, url: str) -> None:
+        if session.finished is not None:  # finished while generating: it no longer counts anywhere
+            return
         old = self.pool.engines.get(session.engine) if session.engine else None
         if old is not None:
             old.sessions -= 1
@@ -146,15 +147,10 @@ class TurnRunner:
                     await self.store.append_turn(turn)
                 except Exception as e:
                     session.capture.segments = saved
-                    if isinstance(e, BufferInputError):
-                        raise
+                    if not isinstance(e, STORE_ERRORS):
+                        raise  # a refusal (BufferInputError: 400/409) or a bug (500)
                     log.exception("storing turn %d of %s failed", turn.turn_index, session.session_id)
-                    raise APIError(
-                        503,
-                        f"the turn could not be stored ({type(e).__name__}); the session is unchanged: retry",
-                        type="server_error",
-                        code="store_unavailable",
-                    ) from e
+                    raise store_unavailable(e, "the turn") from e
                 session.turns += 1
                 if committed.new_segment:
                     self.metrics.segments.labels(committed.split_reason or "first").inc()

@@ -123,6 +123,7 @@ class RefusingStore(MemoryStore):
     [
         (BufferInputError("group size 3 differs from the group's 2"), 400, "buffer_rejected"),
         (ConflictError("group slot 0 is taken by another session"), 409, "conflict"),
+        (redis.exceptions.ConnectionError("connection refused"), 503, "store_unavailable"),
         (RuntimeError("secret internals at 0xdead"), 500, "internal_error"),
     ],
 )
@@ -134,6 +135,8 @@ def test_store_refusals_are_client_errors_and_leave_no_session(router_factory, e
     body = assert_openai_error(r, status, code)
     if status < 500:
         assert body["message"] == str(error)
+    elif status == 503:
+        assert "retry" in body["message"]
     else:  # internals stay in the log; the client gets an id to find them
         assert "secret" not in body["message"] and "id " in body["message"]
     assert router.app.state.router.sessions.by_id == {}
@@ -160,3 +163,22 @@ def test_finished_sessions_leave_the_registry_and_free_their_engine(router_facto
     assert_openai_error(httpx.post(second["base_url"] + "/chat/completions", json=GOOD), 409, "session_finished")
     r = httpx.post(f"{router.url}/sessions/{second['session_id']}/finish", json={}, headers=router.admin)
     assert_openai_error(r, 409, "session_finished")
+
+
+def test_a_failed_finish_write_can_be_retried(router_factory):
+    class FlakyFinish(MemoryStore):
+        fail_next = True
+
+        async def finish_session(self, *args) -> None:
+            if self.fail_next:
+                self.fail_next = False
+                raise redis.exceptions.TimeoutError("timed out")
+            await super().finish_session(*args)
+
+    router = router_factory([], store=FlakyFinish())
+    s = router.new_session()
+    url = f"{router.url}/sessions/{s['session_id']}/finish"
+    assert_openai_error(httpx.post(url, json={"reward": 1.0}, headers=router.admin), 503, "store_unavailable")
+    assert router.record(s["session_id"])["finished"] is None and active_sessions(router) == 1
+    assert httpx.post(url, json={"reward": 1.0}, headers=router.admin).json()["finished"]["reward"] == 1.0
+    assert active_sessions(router) == 0
