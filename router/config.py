@@ -25,6 +25,6 @@ class RouterConfig:
     request_timeout: float = help_field(600.0, help="seconds to wait for one engine /generate call")
     engine_retries: int = help_field(2, help="other engines tried when an engine cannot be reached (not on errors)")
     finish_timeout: float = help_field(
-        60.0, help="seconds a session finish waits for the session's generating turns to be recorded"
+        30.0, help="seconds a session finish waits for the session's generating turns to be recorded"
     )
     keep_finished: int = help_field(10_000, help="finished sessions whose summary GET /sessions/{id} still returns")
