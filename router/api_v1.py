@@ -164,7 +164,10 @@ def stream_response(
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-async def _recorded(state, turn: InFlight, plan, events, result: StreamedTurn, usage_chunk, started):
+async def _recorded(
+    state: RouterState, turn: InFlight, plan: TurnPlan, events, result: StreamedTurn, usage_chunk, started: float
+) -> AsyncIterator[bytes]:
+    """The stream's events; errors after the first byte are sent as an OpenAI error event."""
     session = turn.session
     try:
         async for event in events:
