@@ -8,12 +8,10 @@ without an engine or a model. Chat replies are scripted per test: a function of 
 from __future__ import annotations
 
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +19,6 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 
 from slimeish.procs import free_port
-
-# `examples/` is run from the repository root (`python -m examples.demo...`), not installed like
-# the packages, so the bare `pytest` script needs the root on sys.path to import it.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 ADMIN_TOKEN = "admin-secret"
 Reply = Callable[[dict[str, Any]], dict[str, Any]]  # request body -> assistant message
