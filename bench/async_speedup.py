@@ -12,9 +12,11 @@ and trains the same number of samples.
 Throughput = trained samples / loop time, where loop time is the sum of the per-step times in
 metrics.jsonl (time/rollout + time/train + time/sync): start-up, the final checkpoint and
 logging are left out. The bound is what the work and the capacity allow:
-  bound = min(C / mean episode duration, trained samples / (time/train + time/sync))
-(episode duration measured by the agent, wall clock, chat turn included; the second term is the
-trainer's own rate in that run). Run:  .venv/bin/python -m bench.async_speedup
+  bound = min(C / (mean wait + mean chat turn), trained samples / sum(time/train + time/sync))
+(mean wait by design, mean chat turn as measured by the agent in that run; the second term is
+the trainer's own rate). The group-granular ceiling, C / (mean longest wait in a group of n +
+chat turn), is the best a producer can do that holds a group's n slots until its slowest member
+ends. Results and analysis: bench/results/async_speedup.md. Run:  .venv/bin/python -m bench.async_speedup
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ class Mode:
     staleness: int | None  # None: sync
 
     def batch(self, capacity: int, n: int) -> int:
-        per_batch = capacity // n // (1 if self.staleness is None else self.staleness + 1)
-        if per_batch * n * (1 if self.staleness is None else self.staleness + 1) != capacity:
+        """Groups per training step that keep `capacity` episodes in flight."""
+        windows = 1 if self.staleness is None else self.staleness + 1
+        per_batch = capacity // (n * windows)
+        if per_batch * n * windows != capacity:
             raise ValueError(f"capacity {capacity} does not split into {self.name} batches of groups of {n}")
         return per_batch
 
@@ -138,7 +142,8 @@ def summarize(args: argparse.Namespace, mode: Mode, rows: list[dict], eps: list[
     group_s = [max(e["end"] for e in g) - min(e["start"] for e in g) for g in groups.values() if len(g) == args.n]
     chat_s = statistics.fmean(e["chat_s"] for e in eps)
     mean_delay, mean_group_delay = nominal_delay(args)
-    trained_eps = [e for e in eps if f"g{e['group']}" in set(trained)]
+    trained_ids = set(trained)
+    trained_eps = [e for e in eps if f"g{e['group']}" in trained_ids]
     return {
         "mode": mode.name,
         "batch": mode.batch(args.capacity, args.n),
