@@ -16,7 +16,7 @@ logging are left out. The bound is what the work and the capacity allow:
 (mean wait by design, mean chat turn as measured by the agent in that run; the second term is
 the trainer's own rate). The group-granular ceiling, C / (mean longest wait in a group of n +
 chat turn), is the best a producer can do that holds a group's n slots until its slowest member
-ends. Results and analysis: bench/results/async_speedup.md. Run:  .venv/bin/python -m bench.async_speedup
+ends. Results and analysis: docs/benchmarks.md. Run:  .venv/bin/python -m bench.async_speedup
 """
 
 from __future__ import annotations
