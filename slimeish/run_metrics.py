@@ -23,10 +23,15 @@ CONSOLE_KEYS = {
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, keep_before: int | None = None):
+        """`keep_before`: on resume from step S, drop the rows of steps >= S that the stopped run
+        logged past its last checkpoint, so the file and the curve describe one history."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
+        if keep_before is not None and self.jsonl_path.exists():
+            kept = [r for r in self.read() if r["step"] < keep_before]
+            self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

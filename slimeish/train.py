@@ -146,7 +146,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     data, eval_data = _train_source(setup), _eval_source(setup)
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
     start, saved = await asyncio.to_thread(_resume, trainer, data, run.load)
-    logger = MetricsLogger(run.run_dir)
+    logger = MetricsLogger(run.run_dir, keep_before=start)
     ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
     unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
     with WeightSync(_sync_config(run, stack)) as sync, contextlib.closing(logger):

@@ -51,10 +51,15 @@ class TinyModelConfig:
 
 
 def _synthetic_corpus(seed: int, n_lines: int = 4000) -> list[str]:
-    """Text that covers words, digits, JSON, chat markup and tool calls, so BPE learns them."""
+    """Text like what the model will see: words, digits, JSON, chat markup, tool lists and calls.
+
+    Rendered tool lists (the chat template's system turn with JSON-schema tools) are part of it,
+    so BPE merges their recurring pieces: a prompt with four tools is ~4x fewer tokens than with
+    a tokenizer that never saw them, which matters for every forward pass on a CPU."""
     rng = random.Random(seed)
+    template = _template()
     lines = []
-    for _ in range(n_lines):
+    for i in range(n_lines):
         words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
         a, b = rng.randint(0, 999), rng.randint(0, 999)
         call = json.dumps({"name": rng.choice(_WORDS), "arguments": {"a": a, "b": b, "text": words[:20]}})
@@ -64,7 +69,30 @@ def _synthetic_corpus(seed: int, n_lines: int = 4000) -> list[str]:
             f"<|im_start|>user\n{words}<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>",
             f'<tool_response>\n{{"result": {a + b}}}\n</tool_response>',
         ]
+        if i % 8 == 0:
+            tools = [_random_tool(rng) for _ in range(rng.randint(1, 4))]
+            lines.append(template.render(messages=[{"role": "user", "content": words}], tools=tools))
     return lines
+
+
+def _random_tool(rng: random.Random) -> dict:
+    names = rng.sample(_WORDS, rng.randint(1, 3))
+    kinds = ["integer", "number", "string", "boolean"]
+    properties = {n: {"type": rng.choice(kinds)} for n in names}
+    function = {"name": rng.choice(_WORDS), "parameters": {"type": "object", "properties": properties}}
+    if rng.random() < 0.5:
+        function["description"] = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 8)))
+    if rng.random() < 0.5:
+        function["parameters"]["required"] = names
+    return {"type": "function", "function": function}
+
+
+def _template():  # -> jinja2.Template, rendered as transformers does (trim/lstrip blocks)
+    import jinja2
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
+    return env.from_string(CHAT_TEMPLATE_PATH.read_text())
 
 
 def build_tokenizer(cfg: TinyModelConfig):  # -> PreTrainedTokenizerFast

@@ -14,3 +14,12 @@ def test_jsonl_tensorboard_console_and_plot(tmp_path):
     png = log.plot_rewards()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log.close()
+
+
+def test_resume_drops_rows_past_the_checkpoint(tmp_path):
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(4):
+        log.log(step, {"rollout/reward_mean": step})
+    resumed = MetricsLogger(tmp_path, tensorboard=False, keep_before=2)
+    resumed.log(2, {"rollout/reward_mean": 9.0})
+    assert [(r["step"], r["rollout/reward_mean"]) for r in resumed.read()] == [(0, 0.0), (1, 1.0), (2, 9.0)]

@@ -20,7 +20,7 @@ from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
 
 TARGET_BELOW = 83
 PROMPTS = [[1, 30 + g, 31 + g, 32 + g] for g in range(4)]
-GROUP_SIZE, NEW_TOKENS, STEPS = 4, 8, 10
+GROUP_SIZE, NEW_TOKENS, STEPS = 4, 8, 14
 
 
 def reward(output_ids: list[int]) -> float:
