@@ -66,6 +66,12 @@ def check_engine(url: str) -> str:
     return url
 
 
+def flags(**values: object) -> list[str]:
+    """`--name=value` arguments: the `=` form keeps a value that starts with '-' (a random token
+    can) from being read as a flag."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
+
+
 class Stack:
     """The running parts of one run; use as a context manager."""
 
@@ -105,26 +111,24 @@ class Stack:
 
     def _start_buffer(self) -> str:
         port = free_port()
-        proc = self._spawn("buffer", "buffer", "serve", "--dir", str(self.run_dir / "buffer"), "--port", str(port))
+        proc = self._spawn("buffer", "buffer", "serve", *flags(dir=self.run_dir / "buffer", port=port))
         url = f"redis://127.0.0.1:{port}/0"
         wait_redis(url, self.cfg.startup_timeout, proc)
         return url
 
     def _start_engine(self, i: int) -> str:
         port = free_port()
-        args = ["engine", "--model", str(self.model_path), "--port", str(port), "--device", self.cfg.engine_device]
-        proc = self._spawn(f"engine{i}", *args)
+        args = flags(model=self.model_path, port=port, device=self.cfg.engine_device)
+        proc = self._spawn(f"engine{i}", "engine", *args)
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", self.cfg.startup_timeout, proc.proc)
         return url
 
     def _start_router(self) -> str:
         port = self.cfg.router_port or free_port()
-        argv = ["router", "--model", str(self.model_path), "--port", str(port)]
-        argv += ["--buffer-url", self.buffer_url, "--run-id", self.run_id, "--admin-token", self.admin_token]
-        for url in self.engine_urls:
-            argv += ["--engine", url]
-        proc = self._spawn("router", *argv)
+        argv = flags(model=self.model_path, port=port, buffer_url=self.buffer_url, run_id=self.run_id)
+        argv += flags(admin_token=self.admin_token) + [f"--engine={url}" for url in self.engine_urls]
+        proc = self._spawn("router", "router", *argv)
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", self.cfg.startup_timeout, proc.proc)
         return url

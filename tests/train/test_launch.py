@@ -33,3 +33,15 @@ def test_sglang_default_version_names_the_fix():
 def test_unreachable_engine_is_a_clear_error():
     with pytest.raises(ValueError, match="is the server running"):
         check_engine(f"http://127.0.0.1:{free_port()}")
+
+
+def test_flag_values_starting_with_a_dash_stay_values():
+    import argparse
+
+    from slimeish.launch import flags
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--admin-token")
+    parser.add_argument("--run-id")
+    args = parser.parse_args(flags(admin_token="-Xy_z", run_id="r1"))
+    assert (args.admin_token, args.run_id) == ("-Xy_z", "r1")
