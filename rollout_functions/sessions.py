@@ -54,8 +54,10 @@ class RouterSessions:
         d = r.json()
         return Session(d["session_id"], d["api_key"], d["base_url"])
 
-    async def finish(self, session: Session, reward: float | None, status: Sample.Status) -> dict[str, Any]:
-        body = {"reward": reward, "status": status.value, "metadata": {}}
+    async def finish(
+        self, session: Session, reward: float | None, status: Sample.Status, metadata: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        body = {"reward": reward, "status": status.value, "metadata": metadata or {}}
         url = f"{self.router_url}/sessions/{session.session_id}/finish"
         r = await self.client.post(url, json=body, headers=self.headers)
         r.raise_for_status()
@@ -109,7 +111,9 @@ async def run_groups(
                 reward = _scalar_reward(sample.reward)
                 if sample.status != Sample.Status.FAILED and (reward is None or not math.isfinite(reward)):
                     _fail(sample, f"no usable reward: {sample.reward!r}")
-                await sessions.finish(session, reward if sample.status != Sample.Status.FAILED else None, sample.status)
+                failed = sample.status == Sample.Status.FAILED
+                error = {"error": sample.metadata["error"]} if failed else None
+                await sessions.finish(session, None if failed else reward, sample.status, error)
                 return sample
 
         results = await asyncio.gather(*(one(s, len(g)) for g in groups for s in g), return_exceptions=True)

@@ -65,7 +65,8 @@ def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        # Drop idle engine connections well before engines close them (75 s), never racing a close.
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=30)
         async with httpx.AsyncClient(limits=limits, timeout=config.request_timeout) as client:
             state = _build_state(config, store or await open_store(config), client)
             app.state.router = state
@@ -177,4 +178,5 @@ def main(argv: list[str] | None = None) -> None:
         config = from_namespace(RouterConfig, args)
     except ValueError as e:
         parser.error(str(e))
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning")
+    # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning", timeout_keep_alive=75)

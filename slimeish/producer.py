@@ -101,9 +101,11 @@ class RolloutProducer:
         self._executor: ThreadPoolExecutor | None = None
         self._error: BaseException | None = None
 
-    async def run_once(self, args: Any = None) -> dict[str, float]:
-        """One rollout call (a batch, or one group in async mode): regenerations first."""
-        args = args or self.args
+    async def run_once(self, n_groups: int | None = None) -> dict[str, float]:
+        """One rollout call for `n_groups` groups (default: a batch): regenerations first."""
+        args = self.args
+        if n_groups is not None and n_groups != args.rollout_batch_size:
+            args = argparse.Namespace(**{**vars(args), "rollout_batch_size": n_groups})
         for request in await self.buffer.pop_regenerate(args.rollout_batch_size):
             meta = {k: v for k, v in request.metadata.items() if k not in ("prompt", "label", "eval")}
             self.data.give_back_prompt(request.metadata.get("prompt"), request.metadata.get("label"), meta)
@@ -120,16 +122,15 @@ class RolloutProducer:
         self._slots = asyncio.Semaphore(max_groups)
         # One thread per worker: each rollout call runs its own event loop in its thread.
         self._executor = ThreadPoolExecutor(max_workers=max_groups, thread_name_prefix="rollout")
-        one_group = argparse.Namespace(**{**vars(self.args), "rollout_batch_size": 1})
-        self._tasks = [asyncio.create_task(self._worker(one_group)) for _ in range(max_groups)]
+        self._tasks = [asyncio.create_task(self._worker()) for _ in range(max_groups)]
 
-    async def _worker(self, args: Any) -> None:
+    async def _worker(self) -> None:
         # A failing episode is data (its session is finished as failed); a failing rollout call
         # is a bug or an outage, so it stops the run instead of being retried forever.
         while self._error is None:
             await self._slots.acquire()
             try:
-                await self.run_once(args)
+                await self.run_once(1)
             except Exception as exc:
                 log.exception("the rollout function failed")
                 self._error = exc

@@ -192,9 +192,10 @@ MAX_EMPTY_BATCHES = 5
 
 
 async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, version: int, mode: str) -> list[Group]:
-    """`n` trainable groups. Whatever is ready is taken first (groups re-delivered after a crash,
-    leftovers of a short batch); only then does sync mode generate a batch, and async mode wait
-    for the producer. Async slots are freed for taken and for dropped groups alike."""
+    """`n` trainable groups. Whatever is ready is taken first (groups re-delivered after a crash);
+    only then does sync mode generate the groups still missing (exactly those, so no surplus is
+    left to be trained a version later), and async mode wait for the producer. Async slots are
+    freed for taken and for dropped groups alike."""
     groups: list[Group] = []
     empty_batches = 0
     while len(groups) < n:
@@ -204,6 +205,7 @@ async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, vers
         producer.release(len(taken) + _dropped(await buffer.stats()) - dropped_before)
         groups += taken
         if taken:
+            empty_batches = 0
             continue
         if mode == "async":
             await asyncio.sleep(0.05)
@@ -213,7 +215,7 @@ async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, vers
                 f"{MAX_EMPTY_BATCHES} rollout batches in a row gave no trainable group: every group failed or was "
                 "filtered (see episodes/failed in metrics.jsonl, `slimeish buffer stats`, the reward function)"
             )
-        await producer.run_once()
+        await producer.run_once(n - len(groups))
         empty_batches += 1
     return groups
 

@@ -293,6 +293,9 @@ def _update(engine: Engine, load, body: dict) -> Response:
     return _json({"success": True, "message": f"updated {count} tensors", "weight_version": version})
 
 
+KEEP_ALIVE_S = 75
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -300,4 +303,13 @@ def main(argv: list[str] | None = None) -> None:
     add_dataclass_args(parser, EngineConfig, "engine")
     cfg = from_namespace(EngineConfig, parser.parse_args(argv))
     # A paused engine holds requests indefinitely; on SIGTERM give them a few seconds, then close.
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=3)
+    # Idle connections stay open longer than clients keep them (httpx: 5 s by default, the router:
+    # 30 s): a server closing one as a client reuses it fails that request with a ReadError.
+    uvicorn.run(
+        create_app(cfg),
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level,
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )

@@ -48,3 +48,10 @@ async def fail_odd_groups(args, sample):
 
 async def no_reward(args, sample):
     return None
+
+
+async def fail_every_fourth_group(args, sample):
+    """Fails a member of groups 1, 5, 9, ...: a batch of 4 keeps 3 groups and needs one more."""
+    if sample.group_index % 4 == 1 and sample.index == 0:
+        raise RuntimeError("scripted failure")
+    return await first_token_parity(args, sample)

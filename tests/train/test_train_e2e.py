@@ -130,6 +130,18 @@ def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, p
     assert trained_count(valkey.url, "resume") == len(groups)
 
 
+def test_sync_stays_on_policy_when_groups_are_dropped(tiny_model, prompts, valkey, tmp_path):
+    """Dropped groups are replaced by generating just the missing ones: no surplus group is left
+    over to be trained a version later."""
+    run_dir = tmp_path / "sync-drops"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "4", "--rollout-batch-size", "4",
+                      "--custom-rm-path", "tests.train.reference_plugins.fail_every_fourth_group")  # fmt: skip
+    run_train(argv, tmp_path / "sync-drops.log", timeout=180)
+    steps = [r for r in metrics(run_dir) if "train/loss" in r]
+    assert len(steps) == 4
+    assert all(r["rollout/staleness_max"] == 0 and r["train/rollout_logprob_abs_diff_max"] <= 1e-4 for r in steps)
+
+
 def test_async_keeps_producing_when_groups_are_dropped(tiny_model, prompts, valkey, tmp_path):
     run_dir = tmp_path / "drops"
     argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--mode", "async",
