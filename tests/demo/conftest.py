@@ -8,17 +8,16 @@ without an engine or a model. Chat replies are scripted per test: a function of 
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 
 from slimeish.procs import free_port
+from tests.stand_in import serve_app
 
 ADMIN_TOKEN = "admin-secret"
 Reply = Callable[[dict[str, Any]], dict[str, Any]]  # request body -> assistant message
@@ -81,16 +80,8 @@ def build_app(state: StandInRouter) -> FastAPI:
 def stand_in_router() -> Iterator[StandInRouter]:
     port = free_port()
     state = StandInRouter(url=f"http://127.0.0.1:{port}")
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "stand-in router did not start"
-        time.sleep(0.01)
-    yield state
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serve_app(build_app(state), port=port):
+        yield state
 
 
 @pytest.fixture

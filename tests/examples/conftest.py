@@ -8,17 +8,15 @@ engine or a model. Chat replies are scripted per test; every request is recorded
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 
 from slimeish.procs import free_port
+from tests.stand_in import serve_app
 
 
 @dataclass
@@ -51,16 +49,8 @@ def build_app(state: StandInServer) -> FastAPI:
 def stand_in_server() -> Iterator[StandInServer]:
     port = free_port()
     state = StandInServer(url=f"http://127.0.0.1:{port}")
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "stand-in server did not start"
-        time.sleep(0.01)
-    yield state
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serve_app(build_app(state), port=port):
+        yield state
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from fastapi import FastAPI
 
 from slimeish.launch import check_engine
 from slimeish.procs import free_port
-from tests.train.stand_in import serve_app
+from tests.stand_in import serve_app
 
 
 def _model_info_server(version):
