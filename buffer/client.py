@@ -11,9 +11,10 @@ deleted.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
 import orjson
@@ -78,6 +79,9 @@ class Buffer:
         self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
         self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
         self._consumer_group_made = False
+        # Groups this object dropped while taking (failed members, staleness, filter): a producer
+        # that bounds the groups in flight frees their slots without asking the server.
+        self.groups_dropped = 0
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -88,11 +92,9 @@ class Buffer:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         try:
-            if client is None:
-                return await self._batcher.call(self._scripts[name], keys, args)
-            return await self._scripts[name](keys=keys, args=args, client=client)
+            return await self._batcher.call(self._scripts[name], keys, args)
         except ResponseError as exc:
             raise from_script_error(str(exc)) or exc from None
 
@@ -294,11 +296,12 @@ class Buffer:
             pipe.hmget(k.session(sid), ["status", "reward"])
         replies = iter(await pipe.execute())
         kept: list[Group] = []
-        drops = self.redis.pipeline(transaction=False)
+        drops: list[Awaitable[int]] = []  # concurrent script calls: the batcher sends them in one round trip
+        orphans: list[str] = []  # entries whose group was deleted after delivery: nothing to train on
         for (entry_id, _), item in zip(entries, loaded, strict=True):
             entry = entry_id.decode()
-            if item is None:  # an entry deleted after delivery: nothing to train on
-                drops.xack(k.ready, CONSUMER_GROUP, entry)
+            if item is None:
+                orphans.append(entry)
                 continue
             gid, metadata, members = item
             group_members = [_member(next(replies), next(replies), next(replies)) for _ in members]
@@ -306,13 +309,16 @@ class Buffer:
             if verdict.keep:
                 kept.append(Group(gid, verdict.samples, metadata, entry))
             else:
-                await self._drop(drops, gid, entry, verdict.state, metadata, verdict.oldest_version, current_version)
-        await drops.execute()
+                drops.append(self._drop(gid, entry, verdict.state, metadata, verdict.oldest_version, current_version))
+        if orphans:
+            await self.redis.xack(k.ready, CONSUMER_GROUP, *orphans)
+        # DROP answers 1 when it dropped the group, 0 when another consumer already settled it.
+        self.groups_dropped += sum(await asyncio.gather(*drops))
         return kept
 
     async def _drop(
-        self, pipe: Any, gid: str, entry: str, state: str, metadata: dict, oldest: int | None, current: int | None
-    ) -> None:
+        self, gid: str, entry: str, state: str, metadata: dict, oldest: int | None, current: int | None
+    ) -> int:
         regen = b""
         if state == "dropped_stale":
             regen = orjson.dumps(
@@ -320,7 +326,7 @@ class Buffer:
             )
         k = self.keys
         keys = [k.group(gid), k.ready, k.stats, k.regenerate]
-        await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", regen, time.time()], pipe)
+        return await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", regen, time.time()])
 
     async def ack(self, group_ids: Iterable[str]) -> int:
         """Acknowledge trained groups (after the step is committed): never handed out again.

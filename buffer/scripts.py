@@ -14,16 +14,16 @@ _MEMBER_DONE = """
 local function member_done(gid, failed, now)
   local done = redis.call('HINCRBY', KEYS[3], 'done', 1)
   if failed then redis.call('HINCRBY', KEYS[3], 'failed', 1) end
-  if done == tonumber(redis.call('HGET', KEYS[3], 'size')) and redis.call('HGET', KEYS[3], 'trainable') == '0' then
+  if done ~= tonumber(redis.call('HGET', KEYS[3], 'size')) then return end
+  redis.call('HINCRBY', KEYS[4], 'groups_open', -1)
+  if redis.call('HGET', KEYS[3], 'trainable') == '0' then
     redis.call('HSET', KEYS[3], 'state', 'evaluated', 'completed_at', now)
-    redis.call('HINCRBY', KEYS[4], 'groups_open', -1)
     redis.call('HINCRBY', KEYS[4], 'groups_evaluated', 1)
-  elseif done == tonumber(redis.call('HGET', KEYS[3], 'size')) then
-    local entry = redis.call('XADD', KEYS[5], '*', 'group', gid)
-    redis.call('HSET', KEYS[3], 'state', 'ready', 'entry', entry, 'completed_at', now)
-    redis.call('HINCRBY', KEYS[4], 'groups_open', -1)
-    redis.call('HINCRBY', KEYS[4], 'groups_completed', 1)
+    return
   end
+  local entry = redis.call('XADD', KEYS[5], '*', 'group', gid)
+  redis.call('HSET', KEYS[3], 'state', 'ready', 'entry', entry, 'completed_at', now)
+  redis.call('HINCRBY', KEYS[4], 'groups_completed', 1)
 end
 """
 

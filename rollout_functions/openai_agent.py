@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 
-from rollout_functions.sessions import EpisodeFn, Session, episode_groups, rollout_output, run_groups
+from rollout_functions.sessions import EpisodeFn, Session, episode_groups, http_client, rollout_output, run_groups
 from slimeish.plugins import load_function
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput, load_reward_function
 from slimeish.types import Sample
@@ -47,13 +47,12 @@ def session_client(session: Session, http_client: httpx.AsyncClient) -> openai.A
     )
 
 
-def agent_episode(
-    agent: AgentFn, http_client: httpx.AsyncClient, args: Any = None, rm: RewardFn | None = None
-) -> EpisodeFn:
-    """The episode function for `run_groups`: run the agent, then score with its reward or `rm`."""
+def agent_episode(agent: AgentFn, args: Any = None, rm: RewardFn | None = None) -> EpisodeFn:
+    """The episode function for `run_groups`: run the agent, then score with its reward or `rm`.
+    The agent's SDK client shares the rollout call's HTTP pool (`sessions.http_client()`)."""
 
     async def episode(session: Session, sample: Sample) -> Sample:
-        reward = await agent(session_client(session, http_client), sample)
+        reward = await agent(session_client(session, http_client()), sample)
         sample.status = Sample.Status.COMPLETED
         if reward is None and rm is not None:
             reward = await rm(args, sample)
@@ -73,14 +72,6 @@ def generate_rollout(
     agent = load_agent_function(args.agent_function_path)
     rm = load_reward_function(args.custom_rm_path) if args.custom_rm_path else None
     groups = episode_groups(args, data_source, evaluation)
-    groups = asyncio.run(_run(args, groups, agent, rm, rollout_id=rollout_id, evaluation=evaluation))
+    episode = agent_episode(agent, args, rm)
+    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
     return rollout_output(groups, evaluation)
-
-
-async def _run(
-    args: Any, groups: list[list[Sample]], agent: AgentFn, rm: RewardFn | None, *, rollout_id: int, evaluation: bool
-) -> list[list[Sample]]:
-    limits = httpx.Limits(max_connections=args.rollout_concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout), limits=limits) as http_client:
-        episode = agent_episode(agent, http_client, args, rm)
-        return await run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation)

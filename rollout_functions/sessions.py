@@ -94,7 +94,8 @@ async def run_groups(
     (the buffer's group policy decides about its group). Errors talking to the router are not
     the episode's fault: they are raised once every episode has ended."""
     limit = asyncio.Semaphore(args.rollout_concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30)) as client:
+    limits = httpx.Limits(max_connections=args.rollout_concurrency)  # one connection per running episode
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30), limits=limits) as client:
         _client.set(client)
         sessions = RouterSessions(args.router_url, args.admin_token, client)
 

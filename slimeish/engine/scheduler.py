@@ -42,6 +42,7 @@ class Sequence:
     finish_reason: dict | None = None
     text: str = ""
     started_at: float = field(default_factory=time.monotonic)
+    decoded: tuple[int, str] = (0, "")  # (len(output_ids) it covers, decoded text): one decode per step
 
     @property
     def finished(self) -> bool:
@@ -188,7 +189,11 @@ class Scheduler:
                 self.running.pop()
 
     def decode(self, seq: Sequence) -> str:
-        return self.runner.tokenizer.decode(seq.output_ids, skip_special_tokens=seq.req.params.skip_special_tokens)
+        """The output text so far; the stop check and the stream chunk of a step share one decode."""
+        if seq.decoded[0] != len(seq.output_ids):
+            text = self.runner.tokenizer.decode(seq.output_ids, skip_special_tokens=seq.req.params.skip_special_tokens)
+            seq.decoded = (len(seq.output_ids), text)
+        return seq.decoded[1]
 
 
 def _parent(seq: Sequence) -> str:

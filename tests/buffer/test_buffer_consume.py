@@ -117,6 +117,7 @@ async def test_failed_policy_and_filter_by_import_path(valkey, run_id):
         assert [s.index for s in kept[1].samples] == [1, 2]
         stats = await buf.stats()
         assert (stats.groups_filtered, stats.groups_dropped_failed, stats.groups_taken) == (1, 1, 2)
+        assert buf.groups_dropped == 2  # the same drops, counted in-process for the producer
 
 
 def test_bad_filter_path_fails_at_construction(valkey, run_id):

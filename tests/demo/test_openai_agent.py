@@ -107,11 +107,7 @@ def test_agent_failures_fail_the_session(router, agent, rm, status, reward):
     args = make_args(router, rollout_timeout=0.5)
     groups = [[Sample(group_index=0, index=0, prompt="What is 2 plus 2?", label=4)]]
 
-    async def run():
-        async with httpx.AsyncClient() as http:
-            return await run_groups(args, groups, agent_episode(agent, http, args, rm), rollout_id=0, evaluation=False)
-
-    ((sample,),) = asyncio.run(run())
+    ((sample,),) = asyncio.run(run_groups(args, groups, agent_episode(agent, args, rm), rollout_id=0, evaluation=False))
     (session,) = router.sessions.values()
     assert session["finish"]["status"] == status and session["finish"]["reward"] == reward
     assert (sample.status == Sample.Status.FAILED) == (status == "failed")
