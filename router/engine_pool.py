@@ -102,6 +102,12 @@ class EnginePool:
         if engine is not None:
             engine.sessions = max(0, engine.sessions - 1)
 
+    def move(self, old: str | None, new: str) -> None:
+        """A session is now placed on `new` (first turn, or failover from `old`)."""
+        if old != new:
+            self.release(old)
+            self.engines[new].sessions += 1
+
     def pick(self, sticky: str | None, exclude: set[str] = frozenset()) -> Engine:
         """The session's engine if it is healthy, else the least-loaded healthy engine."""
         engine = self.engines.get(sticky) if sticky else None
@@ -246,11 +252,10 @@ class EnginePool:
 
     async def weight_versions(self) -> dict[str, str | None]:
         async def one(engine: Engine) -> str | None:
-            try:
-                info = (await self.client.get(engine.url + "/model_info", timeout=5.0)).json()
-            except (httpx.HTTPError, ValueError):
+            try:  # the same reading and integer check as on admission
+                await self._check_version(engine)
+            except httpx.HTTPError:
                 return None
-            engine.weight_version = info.get("weight_version", engine.weight_version)
             return engine.weight_version
 
         engines = list(self.engines.values())

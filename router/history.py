@@ -26,20 +26,6 @@ PARALLEL_CHOICE = "parallel_choice"  # choice i > 0 of an n > 1 request
 RESUMED_SEGMENT = "resumed_segment"  # the turn extends a segment other than the latest one
 CONCURRENT_TURN = "concurrent_turn"  # two turns raced to extend one segment; the later one forks
 TEMPLATE_UNSTABLE = "template_unstable"  # the template cannot render the tail alone
-SPLIT_REASONS = (
-    TOOLS_CHANGED,
-    NEW_CONVERSATION,
-    PROMPT_REPEATED,
-    HISTORY_TRUNCATED,
-    HISTORY_EDITED,
-    ASSISTANT_EDITED,
-    REASONING_DROPPED,
-    TOKENS_DIVERGED,
-    PARALLEL_CHOICE,
-    RESUMED_SEGMENT,
-    CONCURRENT_TURN,
-    TEMPLATE_UNSTABLE,
-)
 
 
 def _text(content: Any) -> str:

@@ -54,7 +54,6 @@ def _build_state(config: RouterConfig, store: TurnStore, client: httpx.AsyncClie
         store=store,
         runner=TurnRunner(pool, store, metrics),
         metrics=metrics,
-        client=client,
         model_name=config.served_model_name or config.model.name,
         context_length=config.context_length or renderer.context_length,
     )

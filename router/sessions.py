@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,7 +44,6 @@ class Session:
     engine: str | None = None  # sticky engine URL (prefix-cache reuse)
     turns: int = 0
     finished: FinishSession | None = None
-    created_at: float = field(default_factory=time.time)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
     finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
     inflight: int = 0  # turns between request and record (or failure)

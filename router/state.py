@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
 from fastapi import Request
 
 from router.config import RouterConfig
@@ -25,7 +24,6 @@ class RouterState:
     store: TurnStore
     runner: TurnRunner
     metrics: RouterMetrics
-    client: httpx.AsyncClient
     model_name: str
     context_length: int
 

@@ -36,7 +36,6 @@ class Generation:
     finish_type: str  # SGLang's finish_reason.type: "stop" | "length" | "abort"
     weight_versions: list[int]
     engine: str
-    prompt_tokens: int
     raw: dict[str, Any]
 
 
@@ -60,7 +59,6 @@ def parse_generation(item: dict[str, Any], engine: str) -> Generation:
         finish_type=finish.get("type", "length"),
         weight_versions=_weight_versions(meta),
         engine=engine,
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
         raw=item,
     )
 
@@ -99,10 +97,7 @@ class TurnRunner:
     def _move(self, session: Session, url: str) -> None:
         if session.finished is not None:  # finished while generating: it no longer counts anywhere
             return
-        old = self.pool.engines.get(session.engine) if session.engine else None
-        if old is not None:
-            old.sessions -= 1
-        self.pool.engines[url].sessions += 1
+        self.pool.move(session.engine, url)
         session.engine = url
 
     async def record(

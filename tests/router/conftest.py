@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-import time
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from router.render import ChatRenderer
 from router.server import create_app
 from router.storage import MemoryStore
 from slimeish.procs import ManagedProcess, free_port, wait_http
+from tests.stand_in import serve_app
 
 
 @pytest.fixture(scope="session")
@@ -45,31 +45,6 @@ def engine_url(tiny_model, tmp_path_factory) -> Iterator[str]:
     proc, url = start_engine(tiny_model, tmp_path_factory.mktemp("engine-logs"))
     yield url
     proc.stop()
-
-
-class ThreadServer:
-    """An ASGI app served by uvicorn on a free loopback port, in a background thread."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> ThreadServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 def recording_proxy(target: str, log: list[tuple[dict, dict | list]]):
@@ -120,28 +95,25 @@ def router_app(tiny_model, engine_url) -> Iterator[RouterUnderTest]:
     """A router (in-process, real HTTP) in front of a recording proxy to one real engine."""
     log: list = []
     store = MemoryStore()
-    with ThreadServer(recording_proxy(engine_url, log)) as proxy:
-        config = RouterConfig(model=tiny_model, engine=[proxy.url], admin_token=ADMIN_TOKEN, allow_anonymous=True)
-        with ThreadServer(create_app(config, store=store)) as router:
-            yield RouterUnderTest(router.url, store, log, {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with serve_app(recording_proxy(engine_url, log), startup_timeout=30) as proxy:
+        config = RouterConfig(model=tiny_model, engine=[proxy], admin_token=ADMIN_TOKEN, allow_anonymous=True)
+        with serve_app(create_app(config, store=store), startup_timeout=30) as router:
+            yield RouterUnderTest(router, store, log, {"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
 
 @pytest.fixture
 def router_factory(tiny_model) -> Iterator:
     """`make(engine_urls, store=None, **config)` starts an in-process router; all are stopped after the test."""
-    servers: list[ThreadServer] = []
+    with contextlib.ExitStack() as servers:
 
-    def make(engines: list[str], store: MemoryStore | None = None, **overrides) -> RouterUnderTest:
-        store = store or MemoryStore()
-        config = RouterConfig(model=tiny_model, engine=engines, admin_token=ADMIN_TOKEN, **overrides)
-        app = create_app(config, store=store)
-        server = ThreadServer(app).__enter__()
-        servers.append(server)
-        return RouterUnderTest(server.url, store, [], {"Authorization": f"Bearer {ADMIN_TOKEN}"}, app)
+        def make(engines: list[str], store: MemoryStore | None = None, **overrides) -> RouterUnderTest:
+            store = store or MemoryStore()
+            config = RouterConfig(model=tiny_model, engine=engines, admin_token=ADMIN_TOKEN, **overrides)
+            app = create_app(config, store=store)
+            url = servers.enter_context(serve_app(app, startup_timeout=30))
+            return RouterUnderTest(url, store, [], {"Authorization": f"Bearer {ADMIN_TOKEN}"}, app)
 
-    yield make
-    for server in servers:
-        server.__exit__()
+        yield make
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from fastapi import FastAPI, Request, Response
 
 from buffer.errors import BufferInputError, ConflictError
 from router.storage import MemoryStore
-from tests.router.conftest import ThreadServer
 from tests.router.test_errors import GOOD, assert_openai_error
+from tests.stand_in import serve_app
 
 DELAY = 1.0
 
@@ -35,8 +35,8 @@ def slow_engine(engine_url) -> Iterator[str]:
             r = await client.request(request.method, f"{engine_url}/{path}", content=await request.body())
         return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
 
-    with ThreadServer(app) as server:
-        yield server.url
+    with serve_app(app, startup_timeout=30) as url:
+        yield url
 
 
 def active_sessions(router) -> float:

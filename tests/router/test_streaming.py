@@ -107,7 +107,7 @@ def test_tool_parse_failure_is_plain_content_and_counted():
 
     state = SimpleNamespace(metrics=RouterMetrics())
     bad = '<tool_call>{"name": "add", "arguments": {</tool_call>'
-    gen = Generation([5], [-0.1], bad, "stop", [0], "http://e", 3, {})
+    gen = Generation([5], [-0.1], bad, "stop", [0], "http://e", {})
     assert assistant_message(state, gen, parse_tools=True) == {"role": "assistant", "content": bad}
     assert state.metrics.tool_parse_failures._value.get() == 1
     assert assistant_message(state, gen, parse_tools=False)["content"] == bad  # tool_choice "none"
