@@ -36,6 +36,7 @@ from pathlib import Path
 
 from buffer import Buffer, EmbeddedServer
 from slimeish.procs import ManagedProcess
+from slimeish.run_metrics import read_metrics
 
 AGENT = "bench.heavy_tail_agent.run"
 
@@ -108,7 +109,7 @@ def run_mode(args: argparse.Namespace, key: str, model: Path, prompts: Path, roo
     if rc != 0:
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"{key}: slimeish train ended with {rc} after {time.time() - t0:.0f} s\n{tail}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     eps = [json.loads(x) for x in episodes.read_text().splitlines()]
     ledger = (run_dir / "trained_groups.jsonl").read_text().splitlines()
     trained = [g for line in ledger for g in json.loads(line)["groups"]]

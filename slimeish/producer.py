@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import uuid
 from collections.abc import Callable
@@ -27,60 +28,44 @@ log = logging.getLogger("slimeish.producer")
 
 
 def sample_to_turns(session_id: str, sample: Sample) -> list[Turn]:
-    """Exact turns of an uncaptured sample: each run of mask-1 tokens is one turn's output."""
+    """Exact turns of an uncaptured sample: each run of mask-1 tokens is one turn's output, and
+    the tokens before it (the prompt, or given tokens such as tool results) its prompt."""
     sample.validate()
-    mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
-    logprobs = sample.rollout_log_probs
-    if logprobs is None:
+    if sample.rollout_log_probs is None:
         raise ValueError(f"sample {sample.group_index}/{sample.index} has no rollout_log_probs to train on")
+    mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
     turns: list[Turn] = []
-    prompt = list(sample.tokens[: sample.prompt_length])
+    prompt, pos = list(sample.tokens[: sample.prompt_length]), 0
     response = sample.tokens[sample.prompt_length :]
-    i = 0
-    while i < len(response):
-        j = i
-        while j < len(response) and mask[j] == 0:
-            j += 1
-        k = j
-        while k < len(response) and mask[k] == 1:
-            k += 1
-        prompt += response[i:j]
-        if k > j:
-            turns.append(
-                Turn(
-                    session_id,
-                    len(turns),
-                    0,
-                    None,
-                    prompt,
-                    list(response[j:k]),
-                    list(logprobs[j:k]),
-                    sample.weight_versions or [0],
-                )
-            )
+    for sampled, run in itertools.groupby(mask):
+        end = pos + len(list(run))
+        if sampled:
+            logprobs = list(sample.rollout_log_probs[pos:end])
+            versions = sample.weight_versions or [0]
+            turns.append(Turn(session_id, len(turns), 0, None, prompt, list(response[pos:end]), logprobs, versions))
             prompt = []
-        i = k
+        else:
+            prompt += response[pos:end]
+        pos = end
     return turns
 
 
-async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], run_tag: str) -> int:
+async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], run_tag: str) -> None:
     """Write samples that did not go through a router session into the buffer, group by group."""
-    stored = 0
     for group in groups:
         if not group or all(s.session_id for s in group):
             continue
         group_id = f"{run_tag}-g{group[0].group_index}"
         for sample in group:
             session_id = f"direct-{uuid.uuid4().hex}"
-            info = SessionInfo(session_id, group_id, sample.index or 0, len(group), {"prompt": sample.prompt})
-            await buffer.open_session(info)
+            await buffer.open_session(
+                SessionInfo(session_id, group_id, sample.index or 0, len(group), {"prompt": sample.prompt})
+            )
             for turn in sample_to_turns(session_id, sample):
                 await buffer.append_turn(turn)
-            status = "failed" if sample.status == Sample.Status.FAILED else sample.status.value
-            reward = sample.reward if status != "failed" else None
-            await buffer.finish_session(session_id, reward, "completed" if status == "pending" else status)
-            stored += 1
-    return stored
+            status = Sample.Status.COMPLETED if sample.status == Sample.Status.PENDING else sample.status
+            reward = None if status == Sample.Status.FAILED else sample.reward
+            await buffer.finish_session(session_id, reward, status.value)
 
 
 class RolloutProducer:

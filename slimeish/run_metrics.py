@@ -22,6 +22,21 @@ CONSOLE_KEYS = {
 }
 
 
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """The rows of a run's `metrics.jsonl`, one per logged step (empty before the first)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def drop_steps_from(path: Path, step: int) -> None:
+    """Keep only the lines of a per-step JSONL file whose "step" is below `step` (resume)."""
+    if path.exists():
+        lines = path.read_text().splitlines()
+        path.write_text("".join(f"{x}\n" for x in lines if json.loads(x)["step"] < step))
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True, keep_before: int | None = None):
         """`keep_before`: on resume from step S, drop the rows of steps >= S that the stopped run
@@ -29,9 +44,8 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
-        if keep_before is not None and self.jsonl_path.exists():
-            kept = [r for r in self.read() if r["step"] < keep_before]
-            self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if keep_before is not None:
+            drop_steps_from(self.jsonl_path, keep_before)
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -51,9 +65,7 @@ class MetricsLogger:
         return f"step {step}: " + " ".join(shown)
 
     def read(self) -> list[dict[str, float]]:
-        if not self.jsonl_path.exists():
-            return []
-        return [json.loads(line) for line in self.jsonl_path.read_text().splitlines() if line.strip()]
+        return read_metrics(self.run_dir)
 
     def plot_rewards(self) -> Path | None:
         """Write `reward.png`: rollout reward per step and eval reward where measured."""

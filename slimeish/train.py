@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from slimeish.data import DataConfig, DataSource, read_prompts
 from slimeish.launch import Stack, StackConfig
 from slimeish.producer import RolloutProducer
 from slimeish.rollout import RolloutConfig, load_generate_function, load_reward_function, load_rollout_function
-from slimeish.run_metrics import MetricsLogger
+from slimeish.run_metrics import MetricsLogger, drop_steps_from
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.types import Sample
 
@@ -87,13 +88,17 @@ def parse_args(argv: list[str] | None) -> TrainSetup:
     if unknown:
         parser.error(f"{ns.config}: unknown option(s) {', '.join(sorted(unknown))}")
     try:
-        return TrainSetup(**{name: from_namespace(cls, ns, base) for name, cls in CONFIGS.items()})
+        setup = TrainSetup(**{name: from_namespace(cls, ns, base) for name, cls in CONFIGS.items()})
     except ValueError as exc:
         parser.error(str(exc))
+    if setup.data.prompt_data is None:  # checked here, before any process is started
+        parser.error("--prompt-data is required")
+    return setup
 
 
 class PluginArgs(argparse.Namespace):
-    """The `args` rollout plugins receive: every config field under slime's names, read-only."""
+    """The `args` rollout plugins receive: every config field under slime's names, plus where the
+    router is. A copy per run: plugins may read it freely; changes do not reach the configs."""
 
     def __init__(self, setup: TrainSetup, stack: Stack):
         fields = {k: v for cfg in vars(setup).values() for k, v in _fields(cfg).items()}
@@ -200,9 +205,9 @@ async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, vers
     empty_batches = 0
     while len(groups) < n:
         producer.raise_if_failed()
-        dropped_before = _dropped(await buffer.stats())
+        dropped_before = buffer.groups_dropped
         taken = await buffer.take_groups(n - len(groups), CONSUMER, version)
-        producer.release(len(taken) + _dropped(await buffer.stats()) - dropped_before)
+        producer.release(len(taken) + buffer.groups_dropped - dropped_before)
         groups += taken
         if taken:
             empty_batches = 0
@@ -218,10 +223,6 @@ async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, vers
         await producer.run_once(n - len(groups))
         empty_batches += 1
     return groups
-
-
-def _dropped(stats: Any) -> int:
-    return stats.groups_dropped_failed + stats.groups_dropped_stale + stats.groups_filtered
 
 
 async def evaluate(rollout_fn, args: PluginArgs, eval_data: DataSource | None, step: int) -> dict[str, float]:
@@ -241,8 +242,7 @@ class TrainedGroups:
 
     def __init__(self, path: Path, keep_before: int):
         self.path = path
-        lines = path.read_text().splitlines() if path.exists() else []
-        path.write_text("".join(f"{x}\n" for x in lines if json.loads(x)["step"] < keep_before))
+        drop_steps_from(path, keep_before)
 
     def record(self, step: int, groups: list[Group]) -> list[str]:
         ids = [g.group_id for g in groups]
@@ -256,11 +256,10 @@ def batch_metrics(samples: list[Sample], version: int) -> dict[str, float]:
     if not samples:
         return {}
     rewards = [float(s.reward) for s in samples if isinstance(s.reward, (int, float))]
-    mean = sum(rewards) / max(len(rewards), 1)
     oldest = [min(s.weight_versions) for s in samples if s.weight_versions]
     return {
-        "rollout/reward_mean": mean,
-        "rollout/reward_std": (sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)) ** 0.5,
+        "rollout/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "rollout/reward_std": statistics.pstdev(rewards) if rewards else 0.0,
         "rollout/response_length": sum(s.response_length for s in samples) / len(samples),
         "rollout/samples": float(len(samples)),
         "rollout/segments_split": float(sum(s.split_reason is not None for s in samples)),
@@ -280,8 +279,6 @@ def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train_source(setup: TrainSetup) -> DataSource:
-    if setup.data.prompt_data is None:
-        raise ValueError("--prompt-data is required")
     return DataSource(
         read_prompts(setup.data.prompt_data, setup.data),
         setup.rollout.n_samples_per_prompt,

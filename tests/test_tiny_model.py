@@ -69,3 +69,12 @@ def test_template_is_prefix_stable(tiny_model):
         full = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
         if CONVERSATION[k - 1]["role"] != "tool" or CONVERSATION[k]["role"] != "tool":
             assert full.startswith(prefix), k
+
+
+def test_ensure_tiny_model_reuses_an_existing_model(tmp_path):
+    from slimeish.models.tiny import ensure_tiny_model
+
+    out = ensure_tiny_model(tmp_path / "m")
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert ensure_tiny_model(tmp_path / "m") == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp  # not rebuilt

@@ -62,10 +62,9 @@ def train_argv(cfg: AgentRunConfig, extra: list[str]) -> list[str]:
 def _model_path(cfg: AgentRunConfig, run_dir: Path) -> Path:
     if cfg.model_path is not None:
         return cfg.model_path.resolve()
-    from slimeish.models.tiny import make_tiny_model
+    from slimeish.models.tiny import ensure_tiny_model
 
-    tiny = run_dir / "tiny-model"
-    return tiny if (tiny / "config.json").exists() else make_tiny_model(tiny)
+    return ensure_tiny_model(run_dir / "tiny-model")
 
 
 def main(argv: list[str] | None = None) -> None:

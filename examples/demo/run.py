@@ -13,7 +13,6 @@ Steps 1-3 are reused from an earlier run in the same run dir (`--fresh` redoes t
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from examples.demo.sft import SFTConfig, sft
 from examples.demo.task import TaskConfig, write_datasets
 from slimeish.config import add_dataclass_args, from_namespace, help_field
 from slimeish.models.tiny import TinyModelConfig, make_tiny_model
+from slimeish.run_metrics import read_metrics
 
 
 @dataclass(kw_only=True)
@@ -74,7 +74,7 @@ def train_argv(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> list[s
 
 
 def summarize(run_dir: Path) -> None:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     evals = [(r["step"], r["eval/reward_mean"]) for r in rows if "eval/reward_mean" in r]
     if evals:
         curve = "  ".join(f"{step}:{value:.2f}" for step, value in evals)

@@ -98,10 +98,9 @@ def _model_path(cfg: MathRunConfig, run_dir: Path) -> Path:
         return cfg.model_path.resolve()
     if cfg.engine_url:
         raise SystemExit("--model-path is required with --engine-url: the checkpoint the SGLang servers serve")
-    from slimeish.models.tiny import make_tiny_model
+    from slimeish.models.tiny import ensure_tiny_model
 
-    tiny = run_dir / "tiny-model"
-    return tiny if (tiny / "config.json").exists() else make_tiny_model(tiny)
+    return ensure_tiny_model(run_dir / "tiny-model")
 
 
 def main(argv: list[str] | None = None) -> None:

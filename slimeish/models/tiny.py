@@ -172,6 +172,12 @@ def make_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> 
     return out
 
 
+def ensure_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
+    """`out_dir` if a model is already there (an earlier run), else a new tiny model written there."""
+    out = Path(out_dir)
+    return out if (out / "config.json").exists() else make_tiny_model(out, cfg)
+
+
 def _inline_chat_template(out: Path, template: str) -> None:
     """Keep the chat template inside tokenizer_config.json, where every loader version finds it."""
     path = out / "tokenizer_config.json"

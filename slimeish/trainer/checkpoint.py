@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from slimeish.trainer.distributed import global_rank
+
 STATE_FILE = "trainer_state.json"
 
 
@@ -29,7 +31,7 @@ def save_checkpoint(out_dir: Path, *, model: torch.nn.Module, optimizer: Any, st
     """Every rank writes its own model and optimizer files; rank 0 the state and the final rename."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    rank = _rank()
+    rank = global_rank()
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -47,16 +49,12 @@ def save_checkpoint(out_dir: Path, *, model: torch.nn.Module, optimizer: Any, st
 
 
 def load_checkpoint(ckpt_dir: Path, *, model: torch.nn.Module, optimizer: Any) -> TrainerState:
-    ckpt_dir, rank = Path(ckpt_dir), _rank()
+    ckpt_dir, rank = Path(ckpt_dir), global_rank()
     if not (ckpt_dir / STATE_FILE).exists():
         raise ValueError(f"{ckpt_dir} is not a trainer checkpoint (no {STATE_FILE})")
     model.load_state_dict(torch.load(ckpt_dir / f"model_rank{rank:03d}.pt", weights_only=False))
     optimizer.load_state_dict(torch.load(ckpt_dir / f"optimizer_rank{rank:03d}.pt", weights_only=False))
     return TrainerState(**json.loads((ckpt_dir / STATE_FILE).read_text()))
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 def _barrier() -> None:

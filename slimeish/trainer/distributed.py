@@ -50,3 +50,8 @@ def data_parallel_rank_and_size() -> tuple[int, int]:
     from megatron.core import parallel_state
 
     return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+
+
+def global_rank() -> int:
+    """This process's rank, 0 when no process group is initialised (a bare CPU run or a test)."""
+    return dist.get_rank() if dist.is_initialized() else 0

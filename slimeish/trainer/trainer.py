@@ -25,7 +25,7 @@ from slimeish.trainer.advantages import (
 )
 from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
 from slimeish.trainer.config import LossConfig, TrainerConfig
-from slimeish.trainer.distributed import data_parallel_rank_and_size, init_distributed
+from slimeish.trainer.distributed import data_parallel_rank_and_size, global_rank, init_distributed
 from slimeish.trainer.forward import response_log_probs
 from slimeish.trainer.model import build_gpt_model, model_shape
 from slimeish.trainer.optimizer import (
@@ -238,7 +238,7 @@ class Trainer:
         """A HF checkpoint directory that `from_pretrained` and SGLang load (written by global rank 0;
         every rank must call it, since gathering tensor-parallel shards is a collective)."""
         state = self.hf_state_dict()
-        if _global_rank() == 0:
+        if global_rank() == 0:
             hf_io.write_hf_checkpoint(state, Path(out_dir), self.config.model_path)
         return Path(out_dir)
 
@@ -258,7 +258,3 @@ def _rows(mb: MicroBatch, per_sample: list[list[float]]) -> Tensor:
     for row, i in enumerate(mb.indices):
         out[row, : len(per_sample[i])] = torch.tensor(per_sample[i])
     return out
-
-
-def _global_rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 
 from slimeish.config import help_field
 from slimeish.procs import free_port
+from slimeish.trainer.distributed import global_rank
 
 
 @dataclass(kw_only=True)
@@ -103,7 +104,7 @@ class WeightSync:
 
     def sync(self, trainer: SyncSource) -> dict[str, float]:
         """Update every engine to the trainer's current weights; returns seconds per phase."""
-        if _global_rank() != 0:
+        if global_rank() != 0:
             trainer.hf_state_dict()  # take part in the tensor-parallel gather; rank 0 does the rest
             return {}
         version = str(trainer.weight_version)
@@ -175,10 +176,6 @@ def _remove_older(current: Path) -> None:
     for d in current.parent.glob("v*"):
         if d != current and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _global_rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 def _check_versions(replies: list[dict[str, Any]], version: str) -> None:

@@ -19,6 +19,7 @@ from examples.agent_command.agent import FOLLOW_UP, last_number, score
 from examples.agent_command.run import AgentRunConfig, commands
 from rollout_functions.agent_command import parse_reward, run_command
 from slimeish.procs import ManagedProcess
+from slimeish.run_metrics import read_metrics
 
 PROMPT = [{"role": "user", "content": "What is 7 plus 5?"}]
 
@@ -83,7 +84,7 @@ def test_the_one_command_trains_two_steps(tiny_model, tmp_path):
     with ManagedProcess(argv, log_path=log, env={"PYTHONPATH": root}) as proc:
         assert proc.proc.wait(180) == 0, log.read_text()[-3000:]
     assert "--agent-command " + shlex.quote(commands(AgentRunConfig())[0]) in log.read_text()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
         assert r["episodes/episodes"] == 4 and r["episodes/failed"] == 0

@@ -17,6 +17,7 @@ import pytest
 
 from buffer import Buffer, EmbeddedServer
 from slimeish.procs import ManagedProcess
+from slimeish.run_metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 REWARD = "tests.train.reference_plugins.first_token_parity"
@@ -54,7 +55,7 @@ def run_train(argv: list[str], log: Path, timeout: float = 240) -> None:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run_dir)
 
 
 def ledger(run_dir: Path) -> list[dict]:
@@ -103,7 +104,7 @@ def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, p
     argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "8", "--save-interval", "2")
     with ManagedProcess(argv, log_path=tmp_path / "first.log") as first:
         deadline = time.monotonic() + 240
-        while not (run_dir / "metrics.jsonl").exists() or len(metrics(run_dir)) < 3:  # steps 0-2 done
+        while len(metrics(run_dir)) < 3:  # steps 0-2 done
             assert time.monotonic() < deadline and first.proc.poll() is None, (tmp_path / "first.log").read_text()
             time.sleep(0.2)
         first.kill(signal.SIGKILL)
