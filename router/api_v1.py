@@ -26,12 +26,13 @@ from router.openai_api import (
     APIError,
     ChatRequest,
     CompletionRequest,
+    NamedToolChoice,
     SamplingFields,
     from_buffer_error,
     from_validation_error,
     validate_messages,
 )
-from router.render import TemplateError
+from router.render import ChatRenderer, TemplateError
 from router.sessions import Session
 from router.state import RouterState, get_state
 from router.streaming import StreamedTurn, chat_events, completion_events, sse
@@ -136,10 +137,26 @@ async def run_turn(
     return gens
 
 
-def assistant_message(state: RouterState, gen: Generation, parse_tools: bool) -> dict:
+def forced_start(renderer: ChatRenderer, req: ChatRequest) -> tuple[list[int], str]:
+    """(ids, text) that `tool_choice` forces the reply to begin with, appended to the prompt
+    instead of constraining decoding: a named function's call up to its arguments, the opening of
+    any call for "required", nothing for "auto"/"none"."""
+    try:
+        if isinstance(req.tool_choice, NamedToolChoice):
+            return renderer.tool_call_opening(req.tool_choice.function["name"])
+        if req.tool_choice == "required":
+            return renderer.tool_call_opening(None)
+    except TemplateError as e:
+        raise APIError(400, str(e), param="tool_choice") from None
+    return [], ""
+
+
+def assistant_message(state: RouterState, gen: Generation, parse_tools: bool, forced: str = "") -> dict:
+    """The reply to the agent: the forced start (see `forced_start`) and the sampled text, parsed."""
+    text = forced + gen.text
     if not parse_tools:
-        return {"role": "assistant", "content": gen.text}
-    parsed = parse_tool_calls(gen.text)
+        return {"role": "assistant", "content": text}
+    parsed = parse_tool_calls(text)
     if parsed.parse_error:
         state.metrics.tool_parse_failures.inc()
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
@@ -229,13 +246,15 @@ async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) 
         plan = capture.plan_chat(body["messages"], tools, validate_messages)
     except TemplateError as e:
         raise APIError(400, str(e), param="messages") from None
+    forced_ids, forced = forced_start(state.renderer, req)
+    plan = plan.with_forced(forced_ids)
     params = sampling_params(state, req, req.new_tokens(), len(plan.input_ids))
     extra = {"top_logprobs_num": req.top_logprobs} if req.logprobs and req.top_logprobs else {}
     parse_tools = bool(tools) and req.tool_choice != "none"
     if req.stream:
-        return await stream_chat(state, turn, plan, req, params, extra, parse_tools, started)
+        return await stream_chat(state, turn, plan, req, params, extra, parse_tools, forced, started)
     gens = await run_turn(state, session, plan, params, extra)
-    messages = [assistant_message(state, g, parse_tools) for g in gens]
+    messages = [assistant_message(state, g, parse_tools, forced) for g in gens]
     logprobs = [R.chat_logprobs(state.renderer, g) for g in gens] if req.logprobs else None
     out = R.chat_completion(req.model or state.model_name, messages, gens, len(plan.input_ids), logprobs)
     if session is not None:
@@ -243,14 +262,16 @@ async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) 
     return R.json_response(out)
 
 
-async def stream_chat(state, turn: InFlight, plan, req: ChatRequest, params, extra, parse_tools, started) -> Response:
+async def stream_chat(
+    state, turn: InFlight, plan, req: ChatRequest, params, extra, parse_tools, forced: str, started
+) -> Response:
     chunks = await engine_chunks(state, turn.session, plan, params, extra)
     head = stream_head(req, state, "chatcmpl", "chat.completion.chunk")
     result = StreamedTurn()
     lp = (lambda entries: R.stream_logprobs(state.renderer, entries)) if req.logprobs else None
     events = chat_events(
-        chunks, head, req.n, parse_tools, req.stop_list(), lambda g: assistant_message(state, g, parse_tools), lp,
-        result,
+        chunks, head, req.n, parse_tools, req.stop_list(), lambda g: assistant_message(state, g, parse_tools, forced),
+        lp, result, forced=forced,
     )  # fmt: skip
     usage_chunk = head if req.stream_options and req.stream_options.include_usage else None
     return stream_response(state, turn, plan, events, result, usage_chunk, started)

@@ -44,6 +44,11 @@ class TurnPlan:
     tools: list[dict] | None = None
     prompt_text: str | None = None
 
+    def with_forced(self, ids: list[int]) -> TurnPlan:
+        """This plan with `ids` appended to its prompt: the start of the reply that `tool_choice`
+        forces. They were not sampled, so the turn records them as prompt (loss mask 0)."""
+        return replace(self, prompt_ids=self.prompt_ids + ids, input_ids=self.input_ids + ids)
+
 
 @dataclass
 class Committed:

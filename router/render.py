@@ -6,6 +6,9 @@ extends the previous one costs O(new tokens), not O(history). The tail is found 
 `[anchor, *tail]` and removing the rendering of `[anchor]` — valid whenever the template renders
 each message independently of the ones before it (ChatML/Hermes/Qwen do); tests check it against
 a full render.
+
+`tool_call_opening` gives the start of a tool call as the template renders it, which the router
+appends to the prompt to enforce `tool_choice` without constrained decoding.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
+
+from router.tool_parser import TOOL_CALL_OPEN
+
+_ARGS_MARK = "slimeish_arguments"  # a key no real call uses: marks where a rendered call's arguments begin
 
 
 class TemplateError(ValueError):
@@ -80,3 +87,27 @@ class ChatRenderer:
             raise TemplateError("chat template is not prefix-stable at an assistant turn")
         closing = base[cut + len(self.eos_token) :] if ended_with_eos else base[cut:]
         return self.encode(closing + full[len(base) :])
+
+    def tool_call_opening(self, name: str | None) -> tuple[list[int], str]:
+        """(ids, text) of an assistant reply's opening as the template renders a call: up to the
+        arguments of a call to `name`, or up to the call's JSON object for any function (`None`).
+        The cut falls on a token boundary of the rendered call, so forced ids followed by sampled
+        ones tokenize like the template's text (`"arguments":` then ` {"`, never a lone space)."""
+        anchor = [{"role": "user", "content": "?"}]
+        call = {"type": "function", "function": {"name": name or "f", "arguments": {_ARGS_MARK: 0}}}
+        base = self.render_text(anchor, None)
+        full = self.render_text([*anchor, {"role": "assistant", "content": "", "tool_calls": [call]}], None, False)
+        rendered = full[len(base) :]
+        end = rendered.find('{"' + _ARGS_MARK) if name else rendered.find("{")
+        if not full.startswith(base) or not rendered.startswith(TOOL_CALL_OPEN) or end < 0:
+            raise TemplateError(
+                f"tool_choice cannot be enforced: the chat template does not open a reply's tool call with "
+                f"{TOOL_CALL_OPEN} and a JSON object"
+            )
+        ids = self.encode(rendered)
+        keep = 0
+        while keep < len(ids) and len(self.tokenizer.decode(ids[: keep + 1], skip_special_tokens=False)) <= end:
+            keep += 1
+        text = self.tokenizer.decode(ids[:keep], skip_special_tokens=False)
+        assert rendered.startswith(text), (rendered, text)
+        return ids[:keep], text

@@ -16,9 +16,8 @@ from typing import Any
 
 import orjson
 
+from router.tool_parser import TOOL_CALL_OPEN
 from router.turns import Generation, parse_generation
-
-TOOL_CALL_START = "<tool_call>"
 
 
 def _held_suffix(text: str, markers: list[str]) -> int:
@@ -45,12 +44,12 @@ class ContentStream:
         if self.blocked:
             return ""
         end = len(text)
-        if self.parse_tools and (at := text.find(TOOL_CALL_START, len(self.sent))) >= 0:
+        if self.parse_tools and (at := text.find(TOOL_CALL_OPEN, len(self.sent))) >= 0:
             self.blocked, end = True, at
         for stop in self.stops:  # a stop string is trimmed from the final text: never send it
             if (at := text.find(stop, max(0, len(self.sent) - len(stop)), end)) >= 0:
                 end = at
-        markers = ([TOOL_CALL_START] if self.parse_tools else []) + self.stops
+        markers = ([TOOL_CALL_OPEN] if self.parse_tools else []) + self.stops
         end -= _held_suffix(text[:end], markers)
         safe = text[:end].rstrip() if self.parse_tools else text[:end]
         safe = safe.rstrip("\ufffd")
@@ -107,9 +106,12 @@ async def chat_events(
     to_message: Callable[[Generation], dict],
     token_logprobs: Callable[[list[list]], dict] | None,
     result: StreamedTurn,
+    *,
+    forced: str = "",
 ) -> AsyncIterator[bytes]:
     """OpenAI `chat.completion.chunk` events while the engine streams; at the end, fills `result`
-    (the closing events go there too, to be sent once the turn is recorded)."""
+    (the closing events go there too, to be sent once the turn is recorded). `forced` is the
+    reply's start that was appended to the prompt (tool_choice): it is streamed as if sampled."""
     accs = [ChoiceAccumulator() for _ in range(n)]
     texts = [ContentStream(parse_tools, stops) for _ in range(n)]
     for i in range(n):
@@ -117,7 +119,7 @@ async def chat_events(
     async for chunk, engine in chunks:
         i = chunk.get("index", 0)
         new = accs[i].add(chunk, engine)
-        delta = texts[i].delta(chunk.get("text", ""))
+        delta = texts[i].delta(forced + chunk.get("text", ""))
         if delta or (new and token_logprobs):
             lp = token_logprobs(new) if token_logprobs else None
             yield sse({**head, "choices": [{"index": i, "delta": {"content": delta}, "logprobs": lp}]})

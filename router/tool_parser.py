@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_OPEN = "<tool_call>"
+TOOL_CALL_OPEN = "<tool_call>"
 
 
 @dataclass
@@ -44,15 +44,15 @@ def _parse_one(body: str) -> dict:
 
 def parse_tool_calls(text: str) -> ParsedOutput:
     """Split `text` into content before the first call and the list of calls."""
-    if _OPEN not in text:
+    if TOOL_CALL_OPEN not in text:
         return ParsedOutput(content=text)
     bodies = _CALL.findall(text)
     rest = _CALL.sub("", text)
     try:
-        if not bodies or _OPEN in rest:
+        if not bodies or TOOL_CALL_OPEN in rest:
             raise ValueError("unterminated <tool_call>")
         calls = [_parse_one(b.strip()) for b in bodies]
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         return ParsedOutput(content=text, parse_error=str(e))
-    content = text[: text.index(_OPEN)].strip()
+    content = text[: text.index(TOOL_CALL_OPEN)].strip()
     return ParsedOutput(content=content or None, tool_calls=calls)
