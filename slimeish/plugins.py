@@ -3,12 +3,17 @@
 A plugin named `pkg.module.func` is imported once, before any process is started, and its
 parameters are compared with the signature the hook expects, so a wrong plugin fails with an
 error that states the expected signature instead of a TypeError deep inside a rollout.
+
+Modules resolve against the working directory too, as under `python -m`: the `slimeish` console
+script's sys.path starts at its own bin directory, so a user's `my_rollout.fn` would not import.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +27,8 @@ def load_function(path: str, *, expected: str, params: list[str], is_async: bool
     module_name, _, attr = path.replace(":", ".").rpartition(".")
     if not module_name:
         raise ValueError(f"plugin path {path!r} must be 'package.module.function'; expected {expected}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # after site-packages: a local file never shadows an installed package
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -1,6 +1,8 @@
 """The three plugin hooks load by import path, are checked at start-up, and run as slime's do."""
 
 import asyncio
+import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -67,3 +69,12 @@ def test_builtin_rollout_functions_pass_their_own_check():
     for path in ("rollout_functions.token_in.generate_rollout", "rollout_functions.agent_command.generate_rollout"):
         assert callable(load_rollout_function(path))
     assert callable(load_generate_function("rollout_functions.token_in.generate"))
+
+
+def test_plugins_import_from_the_working_directory(tmp_path, monkeypatch):
+    # The `slimeish` console script does not put the working directory on sys.path; plugins must
+    # still import from there, as they do under `python -m slimeish`.
+    (tmp_path / "my_rm_plugin_xyz.py").write_text("async def reward(args, sample):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    assert asyncio.run(load_reward_function("my_rm_plugin_xyz.reward")(None, None)) == 1.0
