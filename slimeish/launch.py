@@ -18,6 +18,7 @@ import httpx
 import redis
 
 from slimeish.config import help_field
+from slimeish.engine.protocol import ENGINE_NAME
 from slimeish.procs import ManagedProcess, free_port, wait_http
 
 
@@ -50,8 +51,9 @@ def wait_redis(url: str, timeout: float, proc: ManagedProcess | None = None) -> 
     raise TimeoutError(f"{url} not answering PING after {timeout:.0f}s")
 
 
-def check_engine(url: str) -> str:
-    """Fail early, with the fix, if an existing engine is down or reports a non-integer weight version."""
+def check_engine(url: str, weight_sync: str | None = None) -> str:
+    """Fail early, with the fix, if an existing engine is down, reports a non-integer weight version,
+    or cannot receive weights by `weight_sync`."""
     url = url.rstrip("/")
     try:
         info = httpx.get(f"{url}/model_info", timeout=10).raise_for_status().json()
@@ -62,6 +64,12 @@ def check_engine(url: str) -> str:
         raise ValueError(
             f"--engine-url {url} reports weight_version {version!r}; slimeish counts weight versions as "
             "integers: start SGLang with --weight-version 0"
+        )
+    if weight_sync == "tensor" and info.get("engine") != ENGINE_NAME:
+        raise ValueError(
+            f"--engine-url {url} is not a slimeish engine, and --weight-sync tensor hands weights over through "
+            "this host's shared memory, which only slimeish's engine reads: use --weight-sync disk (a directory "
+            "the engines can read) or --weight-sync distributed (NCCL, GPU engines)"
         )
     return url
 
@@ -75,13 +83,14 @@ def flags(**values: object) -> list[str]:
 class Stack:
     """The running parts of one run; use as a context manager."""
 
-    def __init__(self, cfg: StackConfig, *, model_path: Path, run_dir: Path, run_id: str):
+    def __init__(self, cfg: StackConfig, *, model_path: Path, run_dir: Path, run_id: str, weight_sync: str):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.model_path = model_path
         self.run_id = run_id
+        self.weight_sync = weight_sync
         self.admin_token = cfg.admin_token or secrets.token_urlsafe(24)
         self._exit = ExitStack()
         self.buffer_url = ""
@@ -92,7 +101,7 @@ class Stack:
         try:
             self.buffer_url = self.cfg.buffer_url or self._start_buffer()
             if self.cfg.engine_url:
-                self.engine_urls = [check_engine(url) for url in self.cfg.engine_url]
+                self.engine_urls = [check_engine(url, self.weight_sync) for url in self.cfg.engine_url]
             else:
                 self.engine_urls = [self._start_engine(i) for i in range(self.cfg.num_engines)]
             self.router_url = self._start_router()

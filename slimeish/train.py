@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     setup.run.run_dir.mkdir(parents=True, exist_ok=True)
     run_id = setup.run.run_id or setup.run.run_dir.resolve().name
     (setup.run.run_dir / "config.json").write_text(json.dumps(_jsonable(setup), indent=2))
-    with Stack(setup.stack, model_path=setup.trainer.model_path, run_dir=setup.run.run_dir, run_id=run_id) as stack:
+    stack = Stack(
+        setup.stack, model_path=setup.trainer.model_path, run_dir=setup.run.run_dir, run_id=run_id,
+        weight_sync=setup.run.weight_sync,
+    )  # fmt: skip
+    with stack:
         try:
             asyncio.run(train(setup, stack, run_id))
         except KeyboardInterrupt:

@@ -17,19 +17,19 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from examples.math_sglang.data import MathDataConfig, write_datasets
 from slimeish import train
 from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.launch import check_engine
 
 REWARD = "examples.math_sglang.reward.reward"
 
+# SGLang loads the exported HF checkpoint; the `tensor` fast path is the embedded engine's only.
+WEIGHT_SYNC = "disk"
 # GRPO on SGLang: 32 prompts x 8 samples per step, one optimizer step per rollout step.
 GPU_ARGS = [
     "--device", "cuda", "--dtype", "bfloat16",
-    # SGLang loads the exported HF checkpoint; the `tensor` fast path is the embedded engine's only.
-    "--weight-sync", "disk",
+    "--weight-sync", WEIGHT_SYNC,
     # SGLang refuses flush_cache while requests run in a paused batch, so sync weights between rollouts.
     "--mode", "sync",
     "--rollout-batch-size", "32", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "1024",
@@ -61,18 +61,12 @@ class MathRunConfig:
 
 
 def check_engines(urls: list[str]) -> None:
-    """Fail before training starts if an engine is down or reports a non-integer weight version."""
+    """Fail before the data is written if an engine is down or cannot take this preset's weight sync."""
     for url in urls:
         try:
-            info = httpx.get(f"{url.rstrip('/')}/model_info", timeout=10).json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise SystemExit(f"{url}: no SGLang server answering /model_info ({exc})") from exc
-        version = str(info.get("weight_version"))
-        if not version.lstrip("-").isdigit():
-            raise SystemExit(
-                f"{url} reports weight_version {version!r}; slimeish counts versions as integers: "
-                "launch SGLang with --weight-version 0"
-            )
+            check_engine(url, WEIGHT_SYNC)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from exc
 
 
 def train_argv(cfg: MathRunConfig, extra: list[str]) -> list[str]:

@@ -13,6 +13,9 @@ from typing import Any
 
 import msgspec
 
+# What the engine calls itself in /model_info: weight hand-over by shared memory needs this engine.
+ENGINE_NAME = "slimeish"
+
 # SGLang keys the embedded engine accepts only at their no-op default.
 _NOOP_DEFAULTS: dict[str, Any] = {
     "frequency_penalty": 0.0,

@@ -24,7 +24,14 @@ from fastapi.responses import Response, StreamingResponse
 from slimeish.config import add_dataclass_args, from_namespace
 from slimeish.engine.config import EngineConfig
 from slimeish.engine.model_runner import ModelRunner
-from slimeish.engine.protocol import Limits, RequestError, SequenceRequest, parse_generate, parse_sampling_params
+from slimeish.engine.protocol import (
+    ENGINE_NAME,
+    Limits,
+    RequestError,
+    SequenceRequest,
+    parse_generate,
+    parse_sampling_params,
+)
 from slimeish.engine.responses import render
 from slimeish.engine.scheduler import Scheduler, Sequence
 
@@ -191,6 +198,7 @@ def _add_info_routes(app: FastAPI, engine: Engine) -> None:
                 "preferred_sampling_params": None,
                 "weight_version": engine.scheduler.weight_version,
                 "load_format": "auto",
+                "engine": ENGINE_NAME,  # not SGLang's: lets `slimeish train` tell its own engines apart
             }
         )
 

@@ -151,6 +151,7 @@ def test_malformed_json_is_a_400(client):
 def test_info_endpoints(client, tiny_model):
     info = client.get("/model_info").json()
     assert info["model_path"] == str(tiny_model) and info["is_generation"] and info["weight_version"] == "0"
+    assert info["engine"] == "slimeish"  # `slimeish train --engine-url` allows tensor weight sync only then
     server = client.get("/server_info").json()
     assert server["max_context_length"] == 4096 and server["internal_states"][0]["paused"] is False
     models = client.get("/v1/models").json()

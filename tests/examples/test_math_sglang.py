@@ -113,7 +113,7 @@ def test_engine_check_wants_integer_weight_versions(server):
     server.weight_version = "default"  # SGLang's own default
     with pytest.raises(SystemExit, match="--weight-version 0"):
         check_engines([server.url])
-    with pytest.raises(SystemExit, match="no SGLang server"):
+    with pytest.raises(SystemExit, match="is the server running"):
         check_engines(["http://127.0.0.1:9"])
 
 

@@ -1,20 +1,22 @@
-"""Existing engines are checked at start-up: down, or reporting a non-integer weight version."""
+"""Existing engines are checked at start-up: down, reporting a non-integer weight version, or
+unable to take the run's weight sync."""
 
 import pytest
 from fastapi import FastAPI
 
+from slimeish.engine.protocol import ENGINE_NAME
 from slimeish.launch import check_engine
 from slimeish.procs import free_port
 from tests.stand_in import serve_app
 
 
-def _model_info_server(version):
-    """Stands in for an SGLang server's /model_info only."""
+def _model_info_server(version, engine=None):
+    """Stands in for an SGLang server's /model_info only (or slimeish's, with engine="slimeish")."""
     app = FastAPI()
 
     @app.get("/model_info")
     def model_info():
-        return {"model_path": "m", "weight_version": version}
+        return {"model_path": "m", "weight_version": version} | ({"engine": engine} if engine else {})
 
     return app
 
@@ -28,6 +30,15 @@ def test_integer_versions_pass(version):
 def test_sglang_default_version_names_the_fix():
     with serve_app(_model_info_server("default")) as url, pytest.raises(ValueError, match="--weight-version 0"):
         check_engine(url)
+
+
+def test_tensor_sync_needs_slimeish_engines():
+    with serve_app(_model_info_server("0")) as url:
+        with pytest.raises(ValueError, match="--weight-sync disk"):
+            check_engine(url, "tensor")
+        assert check_engine(url, "disk") == url
+    with serve_app(_model_info_server("0", engine=ENGINE_NAME)) as url:
+        assert check_engine(url, "tensor") == url
 
 
 def test_unreachable_engine_is_a_clear_error():
