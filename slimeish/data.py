@@ -7,16 +7,21 @@ Prompts given back (e.g. groups dropped for staleness) are served again before n
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import random
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from slimeish.config import help_field
+from slimeish.config import add_dataclass_args, from_namespace, help_field
 from slimeish.types import Sample
+
+T = TypeVar("T")  # an item of a prompt set, turned into a JSONL record
+C = TypeVar("C")  # a data command's config dataclass
 
 
 @dataclass(kw_only=True)
@@ -47,6 +52,40 @@ def read_prompts(path: Path, cfg: DataConfig) -> list[Sample]:
     if not samples:
         raise ValueError(f"{path}: no prompts")
     return samples
+
+
+def write_prompts(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Write prompt records as JSONL, one object a line: the file `read_prompts` reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def write_prompt_sets(
+    out_dir: Path, splits: tuple[Iterable[T], Iterable[T]], to_record: Callable[[T], dict[str, Any]]
+) -> tuple[Path, Path]:
+    """Write the (train, eval) `splits` to `out_dir` as `train.jsonl` and `eval.jsonl`, one record an item."""
+    paths = out_dir / "train.jsonl", out_dir / "eval.jsonl"
+    for path, items in zip(paths, splits, strict=True):
+        write_prompts(path, map(to_record, items))
+    return paths
+
+
+def prompt_sets_main(
+    config_type: type[C],
+    write: Callable[[Path, C], Iterable[Path]],
+    *,
+    title: str,
+    description: str,
+    argv: list[str] | None = None,
+) -> None:
+    """An example's data command, `OUT` plus the flags of `config_type` (grouped under `title`):
+    `write(OUT, config)` writes the prompt sets, whose paths are printed."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("out", type=Path, help="output directory")
+    add_dataclass_args(parser, config_type, title)
+    args = parser.parse_args(argv)
+    for path in write(args.out, from_namespace(config_type, args)):
+        print(f"wrote {path}")
 
 
 class DataSource:

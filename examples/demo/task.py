@@ -15,15 +15,14 @@ in every prompt, so they cost tokens on every turn).
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.config import help_field
+from slimeish.data import prompt_sets_main, write_prompt_sets
 
 # question word -> tool name; the policy must learn this mapping.
 OPS: dict[str, str] = {"plus": "add", "minus": "sub", "times": "mul", "divided by": "div"}
@@ -147,28 +146,12 @@ def to_record(problem: Problem) -> dict[str, Any]:
     }
 
 
-def write_jsonl(path: Path, problems: list[Problem]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(to_record(p)) + "\n" for p in problems))
-
-
 def write_datasets(out_dir: Path, cfg: TaskConfig) -> tuple[Path, Path]:
     """Write `train.jsonl` and `eval.jsonl` (keys `prompt`, `label`, `metadata`) to `out_dir`."""
-    train, eval_ = make_splits(cfg)
-    paths = out_dir / "train.jsonl", out_dir / "eval.jsonl"
-    write_jsonl(paths[0], train)
-    write_jsonl(paths[1], eval_)
-    return paths
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write the demo's train/eval prompt sets as JSONL.")
-    parser.add_argument("out", type=Path, help="output directory")
-    add_dataclass_args(parser, TaskConfig, "task")
-    args = parser.parse_args(argv)
-    for path in write_datasets(args.out, from_namespace(TaskConfig, args)):
-        print(f"wrote {path}")
+    return write_prompt_sets(out_dir, make_splits(cfg), to_record)
 
 
 if __name__ == "__main__":
-    main()
+    prompt_sets_main(
+        TaskConfig, write_datasets, title="task", description="Write the demo's train/eval prompt sets as JSONL."
+    )

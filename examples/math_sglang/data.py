@@ -9,15 +9,14 @@ the chat-message prompt shape the default token-in rollout renders with the mode
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.config import help_field
+from slimeish.data import prompt_sets_main, write_prompt_sets
 
 # Qwen2.5-Instruct's own math prompt convention; examples.math_sglang.reward reads \boxed{} first.
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -111,22 +110,10 @@ def to_record(problem: Problem) -> dict[str, Any]:
 
 def write_datasets(out_dir: Path, cfg: MathDataConfig) -> tuple[Path, Path]:
     """Write `train.jsonl` and `eval.jsonl` to `out_dir`; returns their paths."""
-    train, eval_ = make_splits(cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = out_dir / "train.jsonl", out_dir / "eval.jsonl"
-    for path, problems in zip(paths, (train, eval_), strict=True):
-        path.write_text("".join(json.dumps(to_record(p)) + "\n" for p in problems))
-    return paths
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write arithmetic word problems as train/eval JSONL.")
-    parser.add_argument("out", type=Path, help="output directory")
-    add_dataclass_args(parser, MathDataConfig, "data")
-    args = parser.parse_args(argv)
-    for path in write_datasets(args.out, from_namespace(MathDataConfig, args)):
-        print(f"wrote {path}")
+    return write_prompt_sets(out_dir, make_splits(cfg), to_record)
 
 
 if __name__ == "__main__":
-    main()
+    prompt_sets_main(
+        MathDataConfig, write_datasets, title="data", description="Write arithmetic word problems as train/eval JSONL."
+    )

@@ -1,8 +1,10 @@
 import json
+from dataclasses import dataclass
 
 import pytest
 
-from slimeish.data import DataConfig, DataSource, read_prompts
+from slimeish.config import help_field
+from slimeish.data import DataConfig, DataSource, prompt_sets_main, read_prompts, write_prompt_sets, write_prompts
 from slimeish.types import Sample
 
 
@@ -23,6 +25,40 @@ def test_bad_line_names_file_and_line(tmp_path):
     path = _write(tmp_path, [{"prompt": "ok"}, {"other": 1}])
     with pytest.raises(ValueError, match=r"p.jsonl:2: .*'prompt'"):
         read_prompts(path, DataConfig())
+
+
+def test_written_prompts_read_back(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "hi"}], "label": 2, "metadata": {"k": "v"}}, {"prompt": "plain"}]
+    path = tmp_path / "new" / "p.jsonl"  # the folder is made
+    write_prompts(path, iter(rows))
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+    prompts = read_prompts(path, DataConfig(metadata_key="metadata"))
+    assert [(p.prompt, p.label, p.metadata) for p in prompts] == [
+        (r["prompt"], r.get("label"), r.get("metadata", {})) for r in rows
+    ]
+
+
+def test_prompt_sets_are_train_and_eval_files(tmp_path):
+    paths = write_prompt_sets(tmp_path, ([1, 2, 3], [4]), lambda n: {"prompt": f"q{n}", "label": n})
+    assert paths == (tmp_path / "train.jsonl", tmp_path / "eval.jsonl")
+    assert [p.label for p in read_prompts(paths[0], DataConfig())] == [1, 2, 3]
+    assert [p.prompt for p in read_prompts(paths[1], DataConfig())] == ["q4"]
+
+
+@dataclass(kw_only=True)
+class _SetsConfig:
+    n_train: int = help_field(3, help="training prompts")
+    n_eval: int = help_field(1, help="eval prompts")
+
+
+def test_prompt_sets_command_parses_the_config_and_prints_the_paths(tmp_path, capsys):
+    def write(out_dir, cfg: _SetsConfig):
+        return write_prompt_sets(out_dir, (range(cfg.n_train), range(cfg.n_eval)), lambda n: {"prompt": str(n)})
+
+    prompt_sets_main(_SetsConfig, write, title="sets", description="d", argv=[str(tmp_path), "--n-train", "5"])
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'train.jsonl'}\nwrote {tmp_path / 'eval.jsonl'}\n"
+    assert len(read_prompts(tmp_path / "train.jsonl", DataConfig())) == 5
+    assert len(read_prompts(tmp_path / "eval.jsonl", DataConfig())) == 1  # the config's default
 
 
 def test_groups_epochs_and_resume():
