@@ -9,23 +9,20 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from fastapi import FastAPI, HTTPException, Request
 
-from slimeish.procs import free_port
-from tests.stand_in import serve_app
+from tests.stand_in import StandIn, stand_in_fixtures
 
 ADMIN_TOKEN = "admin-secret"
 Reply = Callable[[dict[str, Any]], dict[str, Any]]  # request body -> assistant message
 
 
 @dataclass
-class StandInRouter:
-    url: str
+class StandInRouter(StandIn):
     reply: Reply | None = None
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # session_id -> create body + finish
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (session_id, chat body)
@@ -76,18 +73,4 @@ def build_app(state: StandInRouter) -> FastAPI:
     return app
 
 
-@pytest.fixture(scope="module")
-def stand_in_router() -> Iterator[StandInRouter]:
-    port = free_port()
-    state = StandInRouter(url=f"http://127.0.0.1:{port}")
-    with serve_app(build_app(state), port=port):
-        yield state
-
-
-@pytest.fixture
-def router(stand_in_router: StandInRouter) -> StandInRouter:
-    """The module's stand-in router with a clean record for this test."""
-    stand_in_router.sessions.clear()
-    stand_in_router.requests.clear()
-    stand_in_router.reply = None
-    return stand_in_router
+stand_in_router, router = stand_in_fixtures("router", StandInRouter, build_app)

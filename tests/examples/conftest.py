@@ -8,20 +8,16 @@ engine or a model. Chat replies are scripted per test; every request is recorded
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from fastapi import FastAPI, Request
 
-from slimeish.procs import free_port
-from tests.stand_in import serve_app
+from tests.stand_in import StandIn, stand_in_fixtures
 
 
 @dataclass
-class StandInServer:
-    url: str
+class StandInServer(StandIn):
     replies: list[str] = field(default_factory=list)  # assistant contents, answered in order
     requests: list[dict[str, Any]] = field(default_factory=list)  # {"auth", "body"}
     weight_version: str = "0"
@@ -45,18 +41,4 @@ def build_app(state: StandInServer) -> FastAPI:
     return app
 
 
-@pytest.fixture(scope="module")
-def stand_in_server() -> Iterator[StandInServer]:
-    port = free_port()
-    state = StandInServer(url=f"http://127.0.0.1:{port}")
-    with serve_app(build_app(state), port=port):
-        yield state
-
-
-@pytest.fixture
-def server(stand_in_server: StandInServer) -> StandInServer:
-    """The module's stand-in server with a clean record for this test."""
-    stand_in_server.replies.clear()
-    stand_in_server.requests.clear()
-    stand_in_server.weight_version = "0"
-    return stand_in_server
+stand_in_server, server = stand_in_fixtures("server", StandInServer, build_app)
