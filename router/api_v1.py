@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,13 +228,27 @@ def stream_head(req: SamplingFields, state: RouterState, prefix: str, obj: str) 
     return {"id": R.new_id(prefix), "object": obj, "created": int(time.time()), "model": req.model or state.model_name}
 
 
-@api.post("/v1/chat/completions")
-@api.post("/s/{api_key}/v1/chat/completions")
-async def chat_completions(request: Request, api_key: str | None = None) -> Response:
+TurnHandler = Callable[[RouterState, InFlight, dict, float], Awaitable[Response]]
+
+
+async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler) -> Response:
+    """An OpenAI endpoint's turn: resolve the session, count the turn in flight on it, hand `handler` the body."""
     state, started = get_state(request), time.time()
     session = resolve_session(state, request, api_key)
     with in_flight(session) as turn:
-        return await _chat(state, turn, await read_json(request), started)
+        return await handler(state, turn, await read_json(request), started)
+
+
+@api.post("/v1/chat/completions")
+@api.post("/s/{api_key}/v1/chat/completions")
+async def chat_completions(request: Request, api_key: str | None = None) -> Response:
+    return await serve_turn(request, api_key, _chat)
+
+
+@api.post("/v1/completions")
+@api.post("/s/{api_key}/v1/completions")
+async def completions(request: Request, api_key: str | None = None) -> Response:
+    return await serve_turn(request, api_key, _completion)
 
 
 async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
@@ -275,15 +289,6 @@ async def stream_chat(
     )  # fmt: skip
     usage_chunk = head if req.stream_options and req.stream_options.include_usage else None
     return stream_response(state, turn, plan, events, result, usage_chunk, started)
-
-
-@api.post("/v1/completions")
-@api.post("/s/{api_key}/v1/completions")
-async def completions(request: Request, api_key: str | None = None) -> Response:
-    state, started = get_state(request), time.time()
-    session = resolve_session(state, request, api_key)
-    with in_flight(session) as turn:
-        return await _completion(state, turn, await read_json(request), started)
 
 
 async def _completion(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
