@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import orjson
 import pytest
 from fastapi import FastAPI, Request, Response
@@ -88,6 +89,16 @@ class RouterUnderTest:
 
 
 ADMIN_TOKEN = "admin-secret"
+
+
+async def chat_episode(base_url: str, user_turns: Sequence[str], max_tokens: int) -> None:
+    """A multi-turn agent through the async OpenAI SDK: each user turn follows the reply to the one before."""
+    messages: list[dict] = []
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as client:
+        for content in user_turns:
+            messages.append({"role": "user", "content": content})
+            r = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens)
+            messages.append(r.choices[0].message.model_dump(exclude_none=True))
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ import numpy as np
 import openai
 import pytest
 
+from tests.router.conftest import chat_episode
+
 TOOLS = [
     {
         "type": "function",
@@ -98,15 +100,7 @@ def test_bearer_key_on_v1_and_models(router_app, tiny_model):
 async def test_async_clients_run_concurrent_sessions(router_app):
     sessions = [router_app.new_session(group_id="g-async", index=i, group_size=4) for i in range(4)]
 
-    async def episode(session):
-        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
-        messages = [{"role": "user", "content": "count"}]
-        for _ in range(2):
-            r = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=3)
-            messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
-        await client.close()
-
-    await asyncio.gather(*map(episode, sessions))
+    await asyncio.gather(*(chat_episode(s["base_url"], ["count", "more"], max_tokens=3) for s in sessions))
     for s in sessions:
         turns = router_app.store.turns[s["session_id"]]
         assert [t.segment_index for t in turns] == [0, 0]

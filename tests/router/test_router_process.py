@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import httpx
-import openai
 
 from buffer.client import Buffer
 from buffer.server import EmbeddedServer
 from slimeish.procs import ManagedProcess, free_port, wait_http
+from tests.router.conftest import chat_episode
 
 
 async def test_router_process_writes_turns_through_to_the_buffer(tiny_model, engine_url, tmp_path):
@@ -22,12 +22,7 @@ async def test_router_process_writes_turns_through_to_the_buffer(tiny_model, eng
             session = httpx.post(url + "/sessions", json={"group_id": "g", "index": 0, "group_size": 1},
                                  headers=admin).json()  # fmt: skip
             assert session["base_url"] == f"{url}/s/{session['api_key']}/v1"
-            client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
-            messages = [{"role": "user", "content": "hi"}]
-            for _ in range(2):
-                r = await client.chat.completions.create(model="t", messages=messages, max_tokens=4)
-                messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
-            await client.close()
+            await chat_episode(session["base_url"], ["hi", "go"], max_tokens=4)
             async with Buffer(valkey.url, "r1") as buffer:
                 turns = await buffer.turns(session["session_id"])  # written as each turn completed
                 assert [t.turn_index for t in turns] == [0, 1]
