@@ -2,7 +2,8 @@
 
 1. write the task's train and held-out eval prompts;
 2. build a tiny Qwen2 model and tokenizer (`slimeish make-tiny-model`);
-3. warm-start it with a short SFT that teaches only the tool-call *format* (shown as such);
+3. warm-start it with a short SFT on a sloppy teacher's transcripts: the tool-call format, and a
+   habit of calling the inverse operation's tool (shown as such; it starts the reward near 0.2);
 4. train it with GRPO through the full stack: the unmodified agent in `agent.py` talks to the
    router, which captures every token; finished episodes land in the Redis buffer; the Megatron
    trainer learns from whole groups and pushes weights back to the engine after every step.
@@ -27,12 +28,13 @@ from slimeish.run_metrics import read_metrics
 @dataclass(kw_only=True)
 class DemoConfig:
     run_dir: Path = help_field(Path("runs/demo"), help="where the data, models and the training run go")
-    num_rollout: int = help_field(40, help="GRPO steps")
-    rollout_batch_size: int = help_field(8, help="prompts per step")
+    num_rollout: int = help_field(90, help="GRPO steps")
+    rollout_batch_size: int = help_field(16, help="prompts per step")
     n_samples_per_prompt: int = help_field(8, help="episodes per prompt (the GRPO group)")
-    lr: float = help_field(1e-3, help="peak learning rate of the RL phase")
+    lr: float = help_field(1.5e-3, help="peak learning rate of the RL phase (2e-3 breaks the tool-call format)")
     lr_warmup_steps: int = help_field(5, help="linear warm-up steps of the RL phase")
-    eval_interval: int = help_field(5, help="evaluate on the held-out prompts every N steps")
+    eval_interval: int = help_field(10, help="evaluate on the held-out prompts every N steps")
+    eval_samples: int = help_field(2, help="episodes per held-out prompt at each evaluation (temperature 1)")
     mode: str = help_field("sync", help="sync or async (see docs/cli.md)")
     fresh: bool = help_field(False, help="rebuild the data, the base model and the warm-start")
 
@@ -45,7 +47,7 @@ def prepare(cfg: DemoConfig) -> tuple[Path, Path, Path]:
     if cfg.fresh or not (base / "config.json").exists():
         make_tiny_model(base, TinyModelConfig(arch="qwen2"))
     if cfg.fresh or not (warm / "config.json").exists():
-        print("[warm-start] supervised fine-tune on transcripts with a *random* tool: it teaches the format, not RL")
+        print("[warm-start] supervised fine-tune on a sloppy teacher (right tool 20 %, inverse tool 50 %): not RL")
         t0 = time.monotonic()
         sft(base, warm, SFTConfig(), TaskConfig())
         print(f"[warm-start] done in {time.monotonic() - t0:.0f}s -> {warm}")
@@ -65,6 +67,8 @@ def train_argv(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> list[s
         "--rollout-batch-size", str(cfg.rollout_batch_size),
         "--n-samples-per-prompt", str(cfg.n_samples_per_prompt),
         "--eval-interval", str(cfg.eval_interval),
+        "--n-samples-per-eval-prompt", str(cfg.eval_samples),
+        "--eval-temperature", "1.0",  # the policy's own success rate, as it samples in training
         "--lr", str(cfg.lr),
         "--lr-warmup-steps", str(cfg.lr_warmup_steps),
         "--adam-beta2", "0.98",

@@ -2,10 +2,14 @@
 
 A freshly initialised tiny model cannot write a tool call, so GRPO would have no reward to learn
 from. This stage trains on synthetic transcripts (question -> tool call with the two numbers ->
-tool result -> "The answer is N.") in plain PyTorch on CPU. The tool in every transcript is drawn
-uniformly at random, *independent of the question*, so the warm-started model learns the format
-and to copy numbers, but not which tool a question needs: its reward starts near 1/4, and
-everything above that in the demo is learned by RL.
+tool result -> "The answer is N.") in plain PyTorch on CPU. The transcripts come from a *sloppy
+teacher* that mixes up inverse operations: it calls the right tool 20 % of the time, the inverse
+operation's tool (add<->sub, mul<->div) 50 %, and each of the other two 15 %. The warm-started
+model learns the format, to copy numbers, and the teacher's bad habit: sampled at temperature 1 it
+is right about 1/5 of the time, and greedy decoding picks the inverse tool, so it is almost never
+right. Everything above that in the demo is learned by RL. (A teacher that picks uniformly at
+random, independent of the question, gives the same start, but then RL has to build the feature
+that reads the question word from scratch, and on this 2-layer model that took 200+ steps.)
 
 Transcripts are rendered with the model's own chat template, turn by turn the way the router
 renders them, and the loss covers the assistant's tokens only (what the policy will sample).
@@ -49,7 +53,11 @@ class SFTConfig:
     batch_size: int = help_field(8, help="phase 2 transcripts per step")
     lr: float = help_field(3e-3, help="peak AdamW learning rate (linear warm-up, cosine decay over both phases)")
     warmup_steps: int = help_field(20, help="linear warm-up steps")
-    seed: int = help_field(0, help="seed for the random tool choice and data order")
+    teacher_right: float = help_field(0.2, help="how often a transcript calls the right tool")
+    teacher_inverse: float = help_field(
+        0.5, help="how often it calls the inverse operation's tool (add<->sub, mul<->div); the rest is split evenly"
+    )
+    seed: int = help_field(0, help="seed for the teacher's tool choice and data order")
     threads: int = help_field(2, help="torch CPU threads")
 
 
@@ -101,11 +109,24 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def make_batch(tokenizer, problems: list[Problem], rng: random.Random, tools: list | None):  # -> 3 tensors
+INVERSE = {"add": "sub", "sub": "add", "mul": "div", "div": "mul"}
+
+
+def teacher_tool(problem: Problem, rng: random.Random, cfg: SFTConfig) -> str:
+    """The sloppy teacher's tool for `problem`: right, its inverse, or one of the other two."""
+    draw = rng.random()
+    if draw < cfg.teacher_right:
+        return problem.tool
+    if draw < cfg.teacher_right + cfg.teacher_inverse:
+        return INVERSE[problem.tool]
+    return rng.choice([t for t in TOOL_NAMES if t not in (problem.tool, INVERSE[problem.tool])])
+
+
+def make_batch(tokenizer, problems: list[Problem], rng: random.Random, tools: list | None, cfg: SFTConfig):
     """(input_ids, labels, attention_mask) for one step, right-padded."""
     import torch
 
-    rows = [render_with_mask(tokenizer, episode_messages(p, rng.choice(TOOL_NAMES)), tools) for p in problems]
+    rows = [render_with_mask(tokenizer, episode_messages(p, teacher_tool(p, rng, cfg)), tools) for p in problems]
     width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.full((len(rows), width), pad)
@@ -139,7 +160,7 @@ def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Pat
         # the long tools block, the short ones keep it from being unlearned meanwhile
         short = step <= cfg.short_steps or (step - cfg.short_steps) % 2 == 0
         size, tools = (cfg.short_batch_size, None) if short else (cfg.batch_size, TOOLS)
-        input_ids, labels, attention = make_batch(tokenizer, [rng.choice(train) for _ in range(size)], rng, tools)
+        input_ids, labels, attention = make_batch(tokenizer, [rng.choice(train) for _ in range(size)], rng, tools, cfg)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

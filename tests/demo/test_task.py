@@ -1,10 +1,12 @@
 """The demo task: prompt sets, tools, reward, and the SFT transcripts' token masks."""
 
 import json
+import random
+from collections import Counter
 
 import pytest
 
-from examples.demo.sft import episode_messages, render_with_mask
+from examples.demo.sft import INVERSE, SFTConfig, episode_messages, render_with_mask, teacher_tool
 from examples.demo.task import (
     OPS,
     TOOLS,
@@ -103,3 +105,14 @@ def test_sft_transcript_masks_exactly_the_assistant_tokens(tiny_model):
         t for t, m in zip(ids, mask, strict=True) if m
     ]
     assert len(short_ids) * 4 < len(ids)
+
+
+def test_sloppy_teacher_mostly_picks_the_inverse_tool():
+    # The warm-start's start point depends on this mix: right 20 %, inverse 50 %, the other two 15 % each.
+    rng, cfg = random.Random(0), SFTConfig(teacher_right=0.2, teacher_inverse=0.5)
+    for op, tool in OPS.items():
+        picks = Counter(teacher_tool(Problem(op, 8, 2), rng, cfg) for _ in range(4000))
+        others = [t for t in OPS.values() if t not in (tool, INVERSE[tool])]
+        assert picks[tool] / 4000 == pytest.approx(0.2, abs=0.03)
+        assert picks[INVERSE[tool]] / 4000 == pytest.approx(0.5, abs=0.03)
+        assert all(picks[t] / 4000 == pytest.approx(0.15, abs=0.03) for t in others)
