@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput, sampling_params
 from slimeish.types import Sample
 
 
@@ -45,10 +45,18 @@ class RouterSessions:
         self.client = client
 
     async def open(
-        self, group_id: str, index: int, group_size: int, metadata: dict[str, Any], *, trainable: bool = True
+        self,
+        group_id: str,
+        index: int,
+        group_size: int,
+        metadata: dict[str, Any],
+        *,
+        trainable: bool = True,
+        sampling_defaults: dict[str, Any] | None = None,
     ) -> Session:
+        """`sampling_defaults` (`temperature`, `top_p`, `top_k`) fill what the session's turns leave out."""
         body = {"group_id": group_id, "index": index, "group_size": group_size, "metadata": metadata}
-        body["trainable"] = trainable
+        body |= {"trainable": trainable, "sampling_defaults": sampling_defaults or {}}
         r = await self.client.post(f"{self.router_url}/sessions", json=body, headers=self.headers)
         r.raise_for_status()
         d = r.json()
@@ -80,6 +88,13 @@ def http_client() -> httpx.AsyncClient:
 _EVAL_NONCE = uuid.uuid4().hex[:8]
 
 
+def session_sampling(args: Any, evaluation: bool) -> dict[str, Any]:
+    """The rollout's temperature (eval's when evaluating), top-p and top-k, for the turns an agent
+    sends without them; token-in sends them all, so they change nothing there."""
+    params = sampling_params(args, evaluation=evaluation)
+    return {k: params[k] for k in ("temperature", "top_p", "top_k")}
+
+
 def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
     """Training groups are named by their group index; eval groups live in their own namespace."""
     return f"eval-{_EVAL_NONCE}-{rollout_id}-{sample.group_index}" if evaluation else f"g{sample.group_index}"
@@ -98,12 +113,15 @@ async def run_groups(
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30), limits=limits) as client:
         _client.set(client)
         sessions = RouterSessions(args.router_url, args.admin_token, client)
+        sampling = session_sampling(args, evaluation)
 
         async def one(sample: Sample, group_size: int) -> Sample:
             async with limit:
                 meta = {"prompt": sample.prompt, "label": sample.label, "eval": evaluation, **sample.metadata}
                 group_id = group_id_for(sample, evaluation, rollout_id)
-                session = await sessions.open(group_id, sample.index, group_size, meta, trainable=not evaluation)
+                session = await sessions.open(
+                    group_id, sample.index, group_size, meta, trainable=not evaluation, sampling_defaults=sampling
+                )
                 sample.session_id = session.session_id
                 try:
                     sample = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)

@@ -105,8 +105,11 @@ def in_flight(session: Session | None) -> Iterator[InFlight]:
             turn.end()
 
 
-def sampling_params(state: RouterState, req: SamplingFields, max_tokens: int | None, prompt_len: int) -> dict:
-    """SGLang sampling params; the context check gives OpenAI's `context_length_exceeded`."""
+def sampling_params(
+    state: RouterState, session: Session | None, req: SamplingFields, max_tokens: int | None, prompt_len: int
+) -> dict:
+    """SGLang sampling params: the request's, else the session's defaults (else the engine's); the
+    context check gives OpenAI's `context_length_exceeded`."""
     room = state.context_length - prompt_len
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         raise APIError(
@@ -117,10 +120,8 @@ def sampling_params(state: RouterState, req: SamplingFields, max_tokens: int | N
             code="context_length_exceeded",
         )
     params: dict[str, Any] = {"max_new_tokens": max_tokens or min(room, state.config.default_max_tokens), "n": req.n}
-    if req.temperature is not None:
-        params["temperature"] = req.temperature
-    if req.top_p is not None:
-        params["top_p"] = req.top_p
+    params |= session.sampling_defaults if session else {}
+    params |= req.model_dump(include={"temperature", "top_p", "top_k"}, exclude_none=True)
     if req.stop:
         params["stop"] = req.stop_list()
     if req.seed is not None:
@@ -262,7 +263,7 @@ async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) 
         raise APIError(400, str(e), param="messages") from None
     forced_ids, forced = forced_start(state.renderer, req)
     plan = plan.with_forced(forced_ids)
-    params = sampling_params(state, req, req.new_tokens(), len(plan.input_ids))
+    params = sampling_params(state, session, req, req.new_tokens(), len(plan.input_ids))
     extra = {"top_logprobs_num": req.top_logprobs} if req.logprobs and req.top_logprobs else {}
     parse_tools = bool(tools) and req.tool_choice != "none"
     if req.stream:
@@ -297,7 +298,7 @@ async def _completion(state: RouterState, turn: InFlight, body: dict, started: f
     capture = session.capture if session else Capture(state.renderer)
     text_prompt = isinstance(req.prompt, str)
     plan = capture.plan_text(req.prompt) if text_prompt else capture.plan_tokens(req.prompt)
-    params = sampling_params(state, req, req.max_tokens, len(plan.input_ids))
+    params = sampling_params(state, session, req, req.max_tokens, len(plan.input_ids))
     if req.stream:
         chunks = await engine_chunks(state, session, plan, params, {})
         head, result = stream_head(req, state, "cmpl", "text_completion"), StreamedTurn()
@@ -352,7 +353,7 @@ async def _generate(state: RouterState, session: Session, body: dict, started: f
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise APIError(400, "sampling_params must be a JSON object", param="sampling_params")
-    params = dict(params)
+    params = session.sampling_defaults | params  # the body's own values win
     forwarded = {k: v for k, v in body.items() if k not in ("input_ids", "text", "sampling_params", "return_logprob")}
     gens = await run_turn(state, session, plan, params, forwarded)
     await state.runner.record(session, plan, gens, [None] * len(gens), started)

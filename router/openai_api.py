@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from buffer.errors import BufferInputError, ConflictError, SessionFinishedError
 
@@ -135,6 +135,15 @@ class NamedToolChoice(BaseModel):
     function: dict[str, str]
 
 
+def _top_k(k: int) -> int:
+    if k != -1 and k < 1:
+        raise ValueError("top_k must be -1 (off) or >= 1")
+    return k
+
+
+TopK = Annotated[int, AfterValidator(_top_k)]  # SGLang's extension; OpenAI has no top_k
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -147,6 +156,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: TopK | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

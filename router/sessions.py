@@ -9,12 +9,24 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from router.capture import Capture
+from router.openai_api import TopK
 from router.render import ChatRenderer
 
 FinishStatus = Literal["completed", "truncated", "aborted", "failed"]
+
+
+class SamplingDefaults(BaseModel):
+    """Sampling for the session's turns that leave a field out (an explicit value wins): how a
+    trainer's rollout settings reach an agent it does not control. No upper bound on temperature,
+    unlike OpenAI's 2: the engine takes any, and so does the token-in rollout."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: TopK | None = None
 
 
 class CreateSession(BaseModel):
@@ -24,6 +36,7 @@ class CreateSession(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     # False for evaluation episodes: captured and stored like any other, never handed to a trainer.
     trainable: bool = True
+    sampling_defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
 
 
 class FinishSession(BaseModel):
@@ -41,6 +54,7 @@ class Session:
     group_size: int
     metadata: dict[str, Any]
     capture: Capture
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the SGLang params a turn may omit
     engine: str | None = None  # sticky engine URL (prefix-cache reuse)
     turns: int = 0
     finished: FinishSession | None = None
@@ -130,6 +144,7 @@ class SessionRegistry:
             group_size=req.group_size,
             metadata=req.metadata,
             capture=Capture(self.renderer),
+            sampling_defaults=req.sampling_defaults.model_dump(exclude_none=True),
         )
         return session
 

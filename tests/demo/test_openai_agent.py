@@ -1,6 +1,7 @@
 """The demo agent and rollout_functions.openai_agent against the stand-in router (conftest)."""
 
 import asyncio
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from examples.demo.task import OPS, TOOL_NAMES, Problem
 from rollout_functions.openai_agent import agent_episode, generate_rollout, load_agent_function
 from rollout_functions.sessions import run_groups
 from slimeish.data import DataSource
+from slimeish.rollout import RolloutConfig
 from slimeish.types import Sample
 from tests.demo.conftest import ADMIN_TOKEN
 
@@ -30,7 +32,8 @@ def calculator(body):
 
 
 def make_args(router, **overrides):
-    args = dict(
+    """The rollout config's fields, as `slimeish train` hands them to plugins, pointed at the stand-in."""
+    args = dataclasses.asdict(RolloutConfig()) | dict(
         router_url=router.url, admin_token=ADMIN_TOKEN, rollout_concurrency=4, rollout_timeout=5.0,
         rollout_batch_size=2, agent_function_path="examples.demo.agent.run_agent", custom_rm_path=None,
     )  # fmt: skip
@@ -80,6 +83,20 @@ def test_generate_rollout_opens_and_finishes_one_session_per_sample(router):
     finishes = [s["finish"] for s in router.sessions.values()]
     assert all(f["reward"] == 1.0 and f["status"] == "completed" for f in finishes)
     assert {sid for sid, _ in router.requests} == set(router.sessions)  # each agent used its own session
+
+
+@pytest.mark.parametrize("evaluation, temperature", [(False, 0.8), (True, 0.0)])
+def test_sessions_carry_the_rollout_sampling_for_the_agent(router, evaluation, temperature):
+    """An agent that sets no sampling (the demo's) gets the eval temperature when evaluating, the
+    rollout temperature otherwise, through its session's defaults."""
+    router.reply = calculator
+    sampling = dict(rollout_temperature=0.8, eval_temperature=0.0, rollout_top_p=0.9, rollout_top_k=20)
+    args = make_args(router, rollout_batch_size=1, **sampling)
+    prompts = [Sample(prompt="What is 4 plus 5?", label=9)]
+    generate_rollout(args, 0, DataSource(prompts, 2, shuffle=False), evaluation=evaluation)
+    defaults = [s["create"]["sampling_defaults"] for s in router.sessions.values()]
+    assert defaults == [{"temperature": temperature, "top_p": 0.9, "top_k": 20}] * 2
+    assert all("temperature" not in body for _, body in router.requests)  # the session, not the agent, sets it
 
 
 async def crashing_agent(client, sample):
