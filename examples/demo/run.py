@@ -33,6 +33,9 @@ class DemoConfig:
     n_samples_per_prompt: int = help_field(8, help="episodes per prompt (the GRPO group)")
     lr: float = help_field(1.5e-3, help="peak learning rate of the RL phase (2e-3 breaks the tool-call format)")
     lr_warmup_steps: int = help_field(5, help="linear warm-up steps of the RL phase")
+    min_lr: float = help_field(
+        1.5e-4, help="learning rate at the end of the cosine decay (a constant rate destabilises the policy late)"
+    )
     eval_interval: int = help_field(10, help="evaluate on the held-out prompts every N steps")
     eval_samples: int = help_field(2, help="episodes per held-out prompt at each evaluation (temperature 1)")
     mode: str = help_field("sync", help="sync or async (see docs/cli.md)")
@@ -71,6 +74,9 @@ def train_argv(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> list[s
         "--eval-temperature", "1.0",  # the policy's own success rate, as it samples in training
         "--lr", str(cfg.lr),
         "--lr-warmup-steps", str(cfg.lr_warmup_steps),
+        "--lr-decay-style", "cosine",
+        "--lr-decay-steps", str(max(cfg.num_rollout - cfg.lr_warmup_steps, 1)),
+        "--min-lr", str(cfg.min_lr),
         "--adam-beta2", "0.98",
         "--clip-grad", "1.0",
         "--loss-aggregation", "sequence",

@@ -116,3 +116,16 @@ def test_sloppy_teacher_mostly_picks_the_inverse_tool():
         assert picks[tool] / 4000 == pytest.approx(0.2, abs=0.03)
         assert picks[INVERSE[tool]] / 4000 == pytest.approx(0.5, abs=0.03)
         assert all(picks[t] / 4000 == pytest.approx(0.15, abs=0.03) for t in others)
+
+
+def test_demo_recipe_is_a_valid_train_command(tmp_path):
+    from examples.demo.run import DemoConfig, train_argv
+    from slimeish.train import check_plugins, parse_args
+
+    cfg = DemoConfig(run_dir=tmp_path)
+    setup = parse_args(train_argv(cfg, tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "warm"))
+    check_plugins(setup.rollout)  # the agent and rollout function load with the signatures they need
+    assert setup.rollout.rollout_batch_size * setup.rollout.n_samples_per_prompt == 128
+    assert setup.rollout.eval_temperature == 1.0  # the curve is the policy's own sampled success rate
+    assert setup.trainer.lr == cfg.lr and setup.trainer.min_lr == cfg.min_lr
+    assert setup.trainer.lr_decay_style == "cosine" and setup.run.num_rollout == cfg.num_rollout
