@@ -7,13 +7,18 @@ import math
 from pathlib import Path
 from typing import Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 # Shown on the console line, in this order, when present; everything goes to JSONL/TensorBoard.
 CONSOLE_KEYS = {
     "rollout/reward_mean": "reward",
     "eval/reward_mean": "eval_reward",
     "rollout/response_length": "resp_len",
     "train/loss": "loss",
-    "train/kl_rollout": "kl",
+    "train/rollout_kl": "kl",
+    "router/tool_parse_failures": "parse_fail",
+    "perf/sampled_tokens_per_s": "tok/s",
     "train/entropy": "entropy",
     "train/clip_fraction": "clipfrac",
     "time/rollout": "t_rollout",
@@ -35,6 +40,33 @@ def drop_steps_from(path: Path, step: int) -> None:
     if path.exists():
         lines = path.read_text().splitlines()
         path.write_text("".join(f"{x}\n" for x in lines if json.loads(x)["step"] < step))
+
+
+# Prometheus sample name of a router counter -> the per-step metric that reports its increment.
+ROUTER_COUNTERS = {
+    "router_tool_call_parse_failures_total": "router/tool_parse_failures",
+    "router_turns_total": "router/turns",
+}
+
+
+class RouterCounters:
+    """Router counters (its Prometheus `/metrics`) as increments since the previous read, so each
+    step reports what the router saw meanwhile: tool-call parse failures and captured turns."""
+
+    def __init__(self, router_url: str):
+        self.url = f"{router_url.rstrip('/')}/metrics"
+        self._last = self._read()
+
+    def _read(self) -> dict[str, float]:
+        text = httpx.get(self.url, timeout=10).raise_for_status().text
+        samples = (s for family in text_string_to_metric_families(text) for s in family.samples)
+        return {s.name: s.value for s in samples if s.name in ROUTER_COUNTERS}
+
+    def delta(self) -> dict[str, float]:
+        now = self._read()
+        out = {key: now.get(name, 0.0) - self._last.get(name, 0.0) for name, key in ROUTER_COUNTERS.items()}
+        self._last = now
+        return out
 
 
 class MetricsLogger:

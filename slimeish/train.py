@@ -17,6 +17,7 @@ import json
 import logging
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +32,7 @@ from slimeish.data import DataConfig, DataSource, read_prompts
 from slimeish.launch import Stack, StackConfig
 from slimeish.producer import RolloutProducer
 from slimeish.rollout import RolloutConfig, load_generate_function, load_reward_function, load_rollout_function
-from slimeish.run_metrics import MetricsLogger, drop_steps_from
+from slimeish.run_metrics import MetricsLogger, RouterCounters, drop_steps_from
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.types import Sample
 
@@ -156,6 +157,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
     start, saved = await asyncio.to_thread(_resume, trainer, data, run.load)
     logger = MetricsLogger(run.run_dir, keep_before=start)
+    router_counters = await asyncio.to_thread(RouterCounters, stack.router_url)
     ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
     unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
     with WeightSync(_sync_config(run, stack)) as sync, contextlib.closing(logger):
@@ -180,7 +182,9 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
                         metrics |= prefixed("train", await asyncio.to_thread(trainer.train_step, samples))
                     with timed(metrics, "time/sync"):
                         metrics |= prefixed("time/sync", await asyncio.to_thread(sync.sync, trainer))
-                    metrics |= producer.metrics
+                    metrics |= producer.metrics | await asyncio.to_thread(router_counters.delta)
+                    step_s = metrics["time/rollout"] + metrics["time/train"] + metrics["time/sync"]
+                    metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens", 0.0) / step_s
                     unacked += ledger.record(step, groups)
                     if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
                         ckpt = run.run_dir / "checkpoints"
@@ -261,6 +265,7 @@ def batch_metrics(samples: list[Sample], version: int) -> dict[str, float]:
         return {}
     rewards = [float(s.reward) for s in samples if isinstance(s.reward, (int, float))]
     oldest = [min(s.weight_versions) for s in samples if s.weight_versions]
+    splits = Counter(s.split_reason for s in samples if s.split_reason is not None)
     return {
         "rollout/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "rollout/reward_std": statistics.pstdev(rewards) if rewards else 0.0,
@@ -268,7 +273,8 @@ def batch_metrics(samples: list[Sample], version: int) -> dict[str, float]:
         "rollout/samples": float(len(samples)),
         "rollout/segments_split": float(sum(s.split_reason is not None for s in samples)),
         "rollout/staleness_max": float(version - min(oldest)) if oldest else 0.0,
-    }
+        "rollout/sampled_tokens": float(sum(sum(s.loss_mask or []) for s in samples)),
+    } | {f"rollout/segments_split/{reason}": float(n) for reason, n in splits.items()}
 
 
 @contextlib.contextmanager

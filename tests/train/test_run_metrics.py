@@ -1,6 +1,13 @@
 import json
 
-from slimeish.run_metrics import MetricsLogger
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from router.metrics import RouterMetrics
+from slimeish.run_metrics import MetricsLogger, RouterCounters
+from slimeish.train import batch_metrics
+from slimeish.types import Sample
+from tests.stand_in import serve_app
 
 
 def test_jsonl_tensorboard_console_and_plot(tmp_path):
@@ -23,3 +30,28 @@ def test_resume_drops_rows_past_the_checkpoint(tmp_path):
     resumed = MetricsLogger(tmp_path, tensorboard=False, keep_before=2)
     resumed.log(2, {"rollout/reward_mean": 9.0})
     assert [(r["step"], r["rollout/reward_mean"]) for r in resumed.read()] == [(0, 0.0), (1, 1.0), (2, 9.0)]
+
+
+def test_router_counters_report_increments_since_the_last_read():
+    # The router's own metrics object, served as its /metrics endpoint serves it.
+    metrics = RouterMetrics()
+    app = FastAPI()
+    app.get("/metrics")(lambda: Response(metrics.render(), media_type="text/plain"))
+    metrics.tool_parse_failures.inc(2)
+    with serve_app(app) as url:
+        counters = RouterCounters(url)  # what happened before the run's first step is not counted
+        metrics.tool_parse_failures.inc(3)
+        metrics.turns.inc(7)
+        assert counters.delta() == {"router/tool_parse_failures": 3.0, "router/turns": 7.0}
+        assert counters.delta() == {"router/tool_parse_failures": 0.0, "router/turns": 0.0}
+
+
+def test_batch_metrics_count_splits_by_reason_and_sampled_tokens():
+    def sample(mask, reason=None):
+        return Sample(tokens=[1] * (2 + len(mask)), response_length=len(mask), loss_mask=mask, reward=1.0,
+                      weight_versions=[3], split_reason=reason)  # fmt: skip
+
+    batch = [sample([1, 1, 0, 1]), sample([1, 1], "history_rewritten"), sample([1], "history_rewritten")]
+    m = batch_metrics(batch, version=4)
+    assert m["rollout/sampled_tokens"] == 6 and m["rollout/staleness_max"] == 1
+    assert m["rollout/segments_split"] == 2 and m["rollout/segments_split/history_rewritten"] == 2

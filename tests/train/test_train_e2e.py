@@ -80,6 +80,7 @@ def test_sync_run_is_on_policy_and_trains_each_group_once(tiny_model, prompts, v
     for r in steps:  # every batch was sampled by the weights that train on it
         assert r["train/rollout_logprob_abs_diff_max"] <= 1e-4
         assert r["rollout/staleness_max"] == 0 and r["train/weight_version"] == r["step"] + 1
+        assert r["router/turns"] >= 4 and r["router/tool_parse_failures"] >= 0 and r["perf/sampled_tokens_per_s"] > 0
     assert [r["step"] for r in rows if "eval/reward_mean" in r] == [0, 2, 3]
     groups = [g for line in ledger(run_dir) for g in line["groups"]]
     assert len(groups) == 6 and len(set(groups)) == 6
