@@ -37,7 +37,6 @@ class DemoConfig:
         1.5e-4, help="learning rate at the end of the cosine decay (a constant rate destabilises the policy late)"
     )
     eval_interval: int = help_field(10, help="evaluate on the held-out prompts every N steps")
-    eval_samples: int = help_field(2, help="episodes per held-out prompt at each evaluation (temperature 1)")
     mode: str = help_field("sync", help="sync or async (see docs/cli.md)")
     fresh: bool = help_field(False, help="rebuild the data, the base model and the warm-start")
 
@@ -70,8 +69,7 @@ def train_argv(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> list[s
         "--rollout-batch-size", str(cfg.rollout_batch_size),
         "--n-samples-per-prompt", str(cfg.n_samples_per_prompt),
         "--eval-interval", str(cfg.eval_interval),
-        "--n-samples-per-eval-prompt", str(cfg.eval_samples),
-        "--eval-temperature", "1.0",  # the policy's own success rate, as it samples in training
+        "--eval-temperature", "0",  # greedy: the policy's choice; the train curve shows it sampled at T=1
         "--lr", str(cfg.lr),
         "--lr-warmup-steps", str(cfg.lr_warmup_steps),
         "--lr-decay-style", "cosine",

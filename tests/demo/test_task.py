@@ -126,6 +126,7 @@ def test_demo_recipe_is_a_valid_train_command(tmp_path):
     setup = parse_args(train_argv(cfg, tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "warm"))
     check_plugins(setup.rollout)  # the agent and rollout function load with the signatures they need
     assert setup.rollout.rollout_batch_size * setup.rollout.n_samples_per_prompt == 128
-    assert setup.rollout.eval_temperature == 1.0  # the curve is the policy's own sampled success rate
+    assert setup.rollout.eval_temperature == 0.0  # greedy held-out eval; training samples at T=1
+    assert setup.rollout.rollout_temperature == 1.0
     assert setup.trainer.lr == cfg.lr and setup.trainer.min_lr == cfg.min_lr
     assert setup.trainer.lr_decay_style == "cosine" and setup.run.num_rollout == cfg.num_rollout
