@@ -13,7 +13,9 @@ import asyncio
 import contextvars
 import math
 import statistics
+import threading
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +97,68 @@ def session_sampling(args: Any, evaluation: bool) -> dict[str, Any]:
     return {k: params[k] for k in ("temperature", "top_p", "top_k")}
 
 
+class EpisodeSlots:
+    """A counting semaphore that event loops in different threads share.
+
+    The async producer runs several rollout calls at once, each in its own thread and event loop;
+    `--rollout-concurrency` must bound the episodes of all of them together, so a group whose slow
+    member still runs holds one slot, not n, and its finished siblings' slots go to other groups.
+    """
+
+    def __init__(self, limit: int):
+        self._lock = threading.Lock()
+        self._free = limit
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+
+    async def __aenter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            with self._lock:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
+            if future.done() and not future.cancelled():  # granted, then cancelled: pass the slot on
+                self.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        with self._lock:
+            while self._waiters:
+                loop, future = self._waiters.popleft()
+                try:  # hand the slot over in the waiter's own loop, where its future lives
+                    loop.call_soon_threadsafe(self._grant, future)
+                    return
+                except RuntimeError:  # that loop is closed: nobody waits there any more
+                    continue
+            self._free += 1
+
+    def _grant(self, future: asyncio.Future[None]) -> None:
+        if future.cancelled():  # gave up after release() picked it: the next waiter gets the slot
+            self.release()
+        else:
+            future.set_result(None)
+
+
+_episode_slots: dict[int, EpisodeSlots] = {}
+_episode_slots_lock = threading.Lock()
+
+
+def episode_slots(limit: int) -> EpisodeSlots:
+    """The process-wide slots for `--rollout-concurrency` = `limit`, shared by every rollout call."""
+    with _episode_slots_lock:
+        return _episode_slots.setdefault(limit, EpisodeSlots(limit))
+
+
 def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
     """Training groups are named by their group index; eval groups live in their own namespace."""
     return f"eval-{_EVAL_NONCE}-{rollout_id}-{sample.group_index}" if evaluation else f"g{sample.group_index}"
@@ -103,12 +167,13 @@ def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
 async def run_groups(
     args: Any, groups: list[list[Sample]], episode: EpisodeFn, *, rollout_id: int, evaluation: bool
 ) -> list[list[Sample]]:
-    """Run every sample of every group as one session, at most `args.rollout_concurrency` at once.
+    """Run every sample of every group as one session, at most `args.rollout_concurrency` at once
+    across all rollout calls in the process.
 
     An episode that raises, times out, or ends without a finite reward is finished as failed
     (the buffer's group policy decides about its group). Errors talking to the router are not
     the episode's fault: they are raised once every episode has ended."""
-    limit = asyncio.Semaphore(args.rollout_concurrency)
+    limit = episode_slots(args.rollout_concurrency)
     limits = httpx.Limits(max_connections=args.rollout_concurrency)  # one connection per running episode
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30), limits=limits) as client:
         _client.set(client)
