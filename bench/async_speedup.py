@@ -7,7 +7,9 @@ CPU work, `base` for 90 % of episodes and 20 x `base` for 10 %.
 Every mode gets the same capacity C, the number of episodes allowed to run at once:
   sync          rollout_batch_size = C / n            (one batch of C episodes at a time)
   async, K      rollout_batch_size = C / (n (K + 1))  (the producer keeps (K + 1) * batch groups)
-and trains the same number of samples.
+and trains the same number of samples. `--rollout-concurrency C` bounds the episodes running at
+once in every mode; `--group-window G` lets async keep G x (K + 1) x batch groups in flight, so
+episode slots freed by a group's short members go to other groups while its long member runs.
 
 Throughput = trained samples / loop time, where loop time is the sum of the per-step times in
 metrics.jsonl (time/rollout + time/train + time/sync): start-up, the final checkpoint and
@@ -82,6 +84,7 @@ def train_argv(
     ]  # fmt: skip
     if mode.staleness is not None:
         argv += ["--mode", "async", "--max-staleness", str(mode.staleness)]
+        argv += ["--async-groups", str(args.group_window * batch * (mode.staleness + 1))]
     return argv
 
 
@@ -183,7 +186,8 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     head = (
         f"capacity C = {args.capacity} episodes at once, group size n = {args.n}, {args.samples} trained samples "
         f"per mode; wait {args.base_delay} s (p = {1 - args.tail_prob:.2f}) or {args.tail_factor:g} x that "
-        f"(p = {args.tail_prob}); chat turn at the {args.chat_at} of the episode; {os.cpu_count()} CPUs"
+        f"(p = {args.tail_prob}); chat turn at the {args.chat_at} of the episode; async group window "
+        f"{args.group_window} x (K+1) x batch; {os.cpu_count()} CPUs"
     )
     rows = [
         "| mode | batch (groups) | steps | samples/s | x sync | bound | % of bound | group-granular ceiling |",
@@ -221,6 +225,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tail-factor", type=float, default=20.0, help="a long episode waits this many x base")
     parser.add_argument("--tail-prob", type=float, default=0.1, help="fraction of long episodes")
     parser.add_argument("--chat-at", choices=["end", "start"], default="end", help="chat turn after or before the wait")
+    parser.add_argument(
+        "--group-window", type=int, default=1,
+        help="async: groups in flight = this x (K+1) x batch (slimeish train --async-groups); episodes stay <= C",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mode before it counts as hung")
     parser.add_argument("--keep", type=Path, help="keep run dirs and logs here (default: a temp dir)")

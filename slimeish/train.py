@@ -1,10 +1,10 @@
 """`slimeish train`: start the parts, then generate → train → sync weights, in one loop.
 
 Sync mode runs the three phases in turn. Async mode keeps episodes running while the trainer
-trains: the producer streams groups, keeping at most `(max_staleness + 1) * rollout_batch_size`
-generated but not yet trained; weights update in place (pause → flush → update → continue, no
-request aborted), and the buffer refuses groups older than `--max-staleness` versions, whose
-prompts come back through the regeneration queue.
+trains: the producer streams groups, keeping at most `--async-groups` (default
+`(max_staleness + 1) * rollout_batch_size`) generated but not yet trained; weights update in
+place (pause → flush → update → continue, no request aborted), and the buffer refuses groups
+older than `--max-staleness` versions, whose prompts come back through the regeneration queue.
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ class RunConfig:
     eval_interval: int | None = help_field(None, help="evaluate on --eval-prompt-data every N steps (and first/last)")
     save_interval: int | None = help_field(None, help="save a checkpoint every N steps (and at the end)")
     load: Path | None = help_field(None, help="resume from this checkpoint directory (a run's checkpoints/latest)")
+    async_groups: int | None = help_field(
+        None,
+        help="async mode: most groups generated but not yet trained (default: (max_staleness + 1) x "
+        "rollout_batch_size); --rollout-concurrency still bounds the episodes, so more groups than "
+        "concurrency / n_samples_per_prompt keep episode slots busy while a group's slowest member runs",
+    )
     weight_sync: Literal["tensor", "disk", "distributed"] = help_field(
         "tensor",
         help="tensor: same-host shared-memory update (embedded engines); disk: export an HF checkpoint the "
@@ -167,7 +173,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
             await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
             producer = RolloutProducer(rollout_fn, args, data, buffer)
             if run.mode == "async":
-                producer.start(max_groups=((setup.buffer.max_staleness or 0) + 1) * n_groups)
+                producer.start(max_groups=run.async_groups or ((setup.buffer.max_staleness or 0) + 1) * n_groups)
             try:
                 progress = tqdm(range(start, run.num_rollout), initial=start, total=run.num_rollout, desc="rollout")
                 for step in progress:
