@@ -36,6 +36,9 @@ class DemoConfig:
     min_lr: float = help_field(
         1.5e-4, help="learning rate at the end of the cosine decay (a constant rate destabilises the policy late)"
     )
+    kl_coef: float = help_field(
+        0.05, help="k3 KL penalty to the warm-start: keeps every operation's right tool possible to sample"
+    )
     eval_interval: int = help_field(10, help="evaluate on the held-out prompts every N steps")
     mode: str = help_field("sync", help="sync or async (see docs/cli.md)")
     fresh: bool = help_field(False, help="rebuild the data, the base model and the warm-start")
@@ -75,6 +78,8 @@ def train_argv(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> list[s
         "--lr-decay-style", "cosine",
         "--lr-decay-steps", str(max(cfg.num_rollout - cfg.lr_warmup_steps, 1)),
         "--min-lr", str(cfg.min_lr),
+        "--kl-coef", str(cfg.kl_coef),
+        "--kl-estimator", "k3",
         "--adam-beta2", "0.98",
         "--clip-grad", "1.0",
         "--loss-aggregation", "sequence",

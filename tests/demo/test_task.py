@@ -130,3 +130,4 @@ def test_demo_recipe_is_a_valid_train_command(tmp_path):
     assert setup.rollout.rollout_temperature == 1.0
     assert setup.trainer.lr == cfg.lr and setup.trainer.min_lr == cfg.min_lr
     assert setup.trainer.lr_decay_style == "cosine" and setup.run.num_rollout == cfg.num_rollout
+    assert setup.loss.kl_coef == cfg.kl_coef > 0
