@@ -45,6 +45,7 @@ class ChatRenderer:
         self.eos_token: str = self.tokenizer.eos_token
         self.eos_token_id: int = self.tokenizer.eos_token_id
         self._model_path = str(model_path)
+        self._openings: dict[str | None, tuple[list[int], str]] = {}
 
     @cached_property
     def context_length(self) -> int:
@@ -92,7 +93,13 @@ class ChatRenderer:
         """(ids, text) of an assistant reply's opening as the template renders a call: up to the
         arguments of a call to `name`, or up to the call's JSON object for any function (`None`).
         The cut falls on a token boundary of the rendered call, so forced ids followed by sampled
-        ones tokenize like the template's text (`"arguments":` then ` {"`, never a lone space)."""
+        ones tokenize like the template's text (`"arguments":` then ` {"`, never a lone space).
+        Computed once per name: every forced turn of an agent asks for the same few."""
+        if name not in self._openings:
+            self._openings[name] = self._tool_call_opening(name)
+        return self._openings[name]
+
+    def _tool_call_opening(self, name: str | None) -> tuple[list[int], str]:
         anchor = [{"role": "user", "content": "?"}]
         call = {"type": "function", "function": {"name": name or "f", "arguments": {_ARGS_MARK: 0}}}
         base = self.render_text(anchor, None)

@@ -277,7 +277,7 @@ def batch_metrics(samples: list[Sample], version: int) -> dict[str, float]:
         "rollout/reward_std": statistics.pstdev(rewards) if rewards else 0.0,
         "rollout/response_length": sum(s.response_length for s in samples) / len(samples),
         "rollout/samples": float(len(samples)),
-        "rollout/segments_split": float(sum(s.split_reason is not None for s in samples)),
+        "rollout/segments_split": float(sum(splits.values())),
         "rollout/staleness_max": float(version - min(oldest)) if oldest else 0.0,
         "rollout/sampled_tokens": float(sum(sum(s.loss_mask or []) for s in samples)),
     } | {f"rollout/segments_split/{reason}": float(n) for reason, n in splits.items()}
