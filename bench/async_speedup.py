@@ -117,14 +117,18 @@ def run_mode(args: argparse.Namespace, key: str, model: Path, prompts: Path, roo
     ledger = (run_dir / "trained_groups.jsonl").read_text().splitlines()
     trained = [g for line in ledger for g in json.loads(line)["groups"]]
     extra = {"load": (load_before, os.getloadavg()[0]), "wall": time.time() - t0}
-    extra |= asyncio.run(drop_counts(buffer_url, run_dir.name))
+    extra |= asyncio.run(buffer_counts(buffer_url, run_dir.name))
     return summarize(args, mode, rows, eps, trained) | extra
 
 
-async def drop_counts(buffer_url: str, run_id: str) -> dict:
+async def buffer_counts(buffer_url: str, run_id: str) -> dict:
     async with Buffer(buffer_url, run_id) as buffer:
         stats = await buffer.stats()
-    return {"dropped_stale": stats.groups_dropped_stale, "dropped_failed": stats.groups_dropped_failed}
+    return {
+        "reopened": stats.groups_reopened,
+        "regenerated": stats.members_regenerated,
+        "dropped_failed": stats.groups_dropped_failed,
+    }
 
 
 def nominal_delay(args: argparse.Namespace) -> tuple[float, float]:
@@ -140,14 +144,14 @@ def summarize(args: argparse.Namespace, mode: Mode, rows: list[dict], eps: list[
     loop_s = sum(r["time/rollout"] + r["time/train"] + r["time/sync"] for r in steps)
     trainer_s = sum(r["time/train"] + r["time/sync"] for r in steps)
     durations = [e["end"] - e["start"] for e in eps]
-    groups: dict[int, list[dict]] = defaultdict(list)
-    for e in eps:
-        groups[e["group"]].append(e)
-    group_s = [max(e["end"] for e in g) - min(e["start"] for e in g) for g in groups.values() if len(g) == args.n]
+    # A regenerated member runs again under its (group, index): the last run is the one trained.
+    members = {(e["group"], e["index"]): e for e in sorted(eps, key=lambda e: e["end"])}
+    indices: dict[int, set[int]] = defaultdict(set)
+    for group, index in members:
+        indices[group].add(index)
     chat_s = statistics.fmean(e["chat_s"] for e in eps)
     mean_delay, mean_group_delay = nominal_delay(args)
-    trained_ids = set(trained)
-    trained_eps = [e for e in eps if f"g{e['group']}" in trained_ids]
+    trained_eps = [members[(int(g.removeprefix("g")), i)] for g in trained for i in range(args.n)]
     return {
         "mode": mode.name,
         "batch": mode.batch(args.capacity, args.n),
@@ -162,9 +166,8 @@ def summarize(args: argparse.Namespace, mode: Mode, rows: list[dict], eps: list[
         "episodes_run": len(eps),
         "mean_episode_s": statistics.fmean(durations),
         "long_trained": sum(e["delay"] > args.base_delay for e in trained_eps) / max(len(trained_eps), 1),
-        "groups_done": len(group_s),
+        "groups_done": sum(len(i) == args.n for i in indices.values()),
         "groups_trained": len(trained),
-        "mean_group_s": statistics.fmean(group_s) if group_s else float("nan"),
         "chat_s": chat_s,
         "staleness_max": max(r.get("rollout/staleness_max", 0.0) for r in steps),
         "busy": busy_episodes(eps),
@@ -195,10 +198,11 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     ]
     diag = [
         "| mode | t_rollout / t_train / t_sync per step (s) | trainer-only samples/s | mean chat turn (s) "
-        "| episodes busy (of C) | long episodes among trained | groups finished / trained / dropped stale "
+        "| episodes busy (of C) | long episodes among trained | groups finished / trained / reopened "
+        "| episodes run / stale members regenerated "
         "| staleness max "
         "| load 1-min before / after | wall incl. start-up (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         speedup = f"{r['rate'] / sync['rate']:.2f}" if sync else "-"
@@ -209,7 +213,8 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
         diag.append(
             f"| {r['mode']} | {r['t_rollout']:.2f} / {r['t_train']:.2f} / {r['t_sync']:.2f} | {r['trainer_rate']:.0f} "
             f"| {r['chat_s']:.2f} | {r['busy']:.1f} | {100 * r['long_trained']:.0f} % "
-            f"| {r['groups_done']} / {r['groups_trained']} / {r['dropped_stale']} | {r['staleness_max']:.0f} "
+            f"| {r['groups_done']} / {r['groups_trained']} / {r['reopened']} "
+            f"| {r['episodes_run']} / {r['regenerated']} | {r['staleness_max']:.0f} "
             f"| {r['load'][0]:.1f} / {r['load'][1]:.1f} | {r['wall']:.0f} |"
         )
     return "\n".join([head, "", *rows, "", *diag])

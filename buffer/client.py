@@ -15,6 +15,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable
+from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -29,14 +30,14 @@ from buffer.config import FILTER_SIGNATURE, BufferConfig
 from buffer.errors import BufferInputError, UnknownSessionError, from_script_error
 from buffer.keys import CONSUMER_GROUP, Keys
 from buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, SessionStatus, Turn
-from buffer.rules import GroupFilter, Member, judge
+from buffer.rules import GroupFilter, Member, judge, oldest_version
 from buffer.segments import PackedSample, assemble, build_samples, check_next_turn
 from buffer.stats import BufferStats, read_stats
 from slimeish.plugins import load_function
 from slimeish.types import Sample
 
 Reward = float | dict[str, Any]
-_SCRIPTS = ("OPEN_SESSION", "APPEND_TURN", "FINISH_SESSION", "SET_REWARD", "ACK", "GIVE_BACK", "DROP")
+_SCRIPTS = ("OPEN_SESSION", "APPEND_TURN", "FINISH_SESSION", "SET_REWARD", "ACK", "GIVE_BACK", "DROP", "REOPEN")
 
 
 def _json(value: Any, what: str) -> bytes:
@@ -79,9 +80,10 @@ class Buffer:
         self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
         self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
         self._consumer_group_made = False
-        # Groups this object dropped while taking (failed members, staleness, filter): a producer
-        # that bounds the groups in flight frees their slots without asking the server.
-        self.groups_dropped = 0
+        # Groups this object dropped (failed members, filter) or reopened (stale members) while
+        # taking: a producer that bounds the groups in flight frees their slots without asking the
+        # server (a reopened group's regeneration takes a slot of its own).
+        self.groups_skipped = 0
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -248,7 +250,8 @@ class Buffer:
         The first calls of a process under a consumer name first return that consumer's groups
         handed out before and never acknowledged (the trainer crashed), then new ones. Groups
         that break the failed-member policy, the staleness bound (against `current_version`)
-        or the filter hook are never returned; stale ones are queued for regeneration.
+        or the filter hook are never returned; a group with stale members is reopened and the
+        regeneration of those members queued (`pop_regenerate`).
         """
         if n < 1:
             raise BufferInputError(f"take_groups needs n >= 1, got {n}")
@@ -288,15 +291,18 @@ class Buffer:
             pipe.hgetall(k.members(gid))
         replies = iter(await pipe.execute())
         loaded = [(gid, orjson.loads(next(replies)), next(replies)) if gid else None for gid in gids]
-        sessions = [sid.decode() for item in loaded if item for _, sid in sorted(item[2].items(), key=_by_index)]
+        sessions = [
+            (int(i), sid.decode()) for item in loaded if item for i, sid in sorted(item[2].items(), key=_by_index)
+        ]
         pipe = self.redis.pipeline(transaction=False)
-        for sid in sessions:
+        for _, sid in sessions:
             pipe.hgetall(k.samples(sid))
             pipe.hgetall(k.turns(sid))
             pipe.hmget(k.session(sid), ["status", "reward"])
         replies = iter(await pipe.execute())
         kept: list[Group] = []
-        drops: list[Awaitable[int]] = []  # concurrent script calls: the batcher sends them in one round trip
+        members_of = iter(sessions)
+        skips: list[Awaitable[int]] = []  # concurrent script calls: the batcher sends them in one round trip
         orphans: list[str] = []  # entries whose group was deleted after delivery: nothing to train on
         for (entry_id, _), item in zip(entries, loaded, strict=True):
             entry = entry_id.decode()
@@ -304,29 +310,33 @@ class Buffer:
                 orphans.append(entry)
                 continue
             gid, metadata, members = item
-            group_members = [_member(next(replies), next(replies), next(replies)) for _ in members]
+            group_members = [_member(*next(members_of), next(replies), next(replies), next(replies)) for _ in members]
             verdict = judge(gid, group_members, self.config, current_version, self._filter)
             if verdict.keep:
                 kept.append(Group(gid, verdict.samples, metadata, entry))
+            elif verdict.state == "reopen":
+                skips.append(self._reopen(gid, entry, metadata, verdict.stale, current_version))
             else:
-                drops.append(self._drop(gid, entry, verdict.state, metadata, verdict.oldest_version, current_version))
+                skips.append(self._drop(gid, entry, verdict.state))
         if orphans:
             await self.redis.xack(k.ready, CONSUMER_GROUP, *orphans)
-        # DROP answers 1 when it dropped the group, 0 when another consumer already settled it.
-        self.groups_dropped += sum(await asyncio.gather(*drops))
+        # DROP and REOPEN answer 1 when they settled the group, 0 when another consumer already did.
+        self.groups_skipped += sum(await asyncio.gather(*skips))
         return kept
 
-    async def _drop(
-        self, gid: str, entry: str, state: str, metadata: dict, oldest: int | None, current: int | None
-    ) -> int:
-        regen = b""
-        if state == "dropped_stale":
-            regen = orjson.dumps(
-                {"group_id": gid, "metadata": metadata, "oldest_version": oldest, "current_version": current}
-            )
+    async def _drop(self, gid: str, entry: str, state: str) -> int:
         k = self.keys
-        keys = [k.group(gid), k.ready, k.stats, k.regenerate]
-        return await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", regen, time.time()])
+        keys = [k.group(gid), k.ready, k.stats]
+        return await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", time.time()])
+
+    async def _reopen(self, gid: str, entry: str, metadata: dict, stale: list[Member], current: int | None) -> int:
+        request = RegenerateRequest(
+            gid, metadata, [m.index for m in stale], min(oldest_version(m.samples) for m in stale), current
+        )
+        k = self.keys
+        keys = [k.group(gid), k.members(gid), k.ready, k.stats, k.regenerate, *(k.session(m.session_id) for m in stale)]
+        args = [entry, CONSUMER_GROUP, orjson.dumps(asdict(request)), time.time(), *(m.index for m in stale)]
+        return await self._run("REOPEN", keys, args)
 
     async def ack(self, group_ids: Iterable[str]) -> int:
         """Acknowledge trained groups (after the step is committed): never handed out again.
@@ -347,7 +357,7 @@ class Buffer:
         return await self._run(name, keys, [CONSUMER_GROUP, time.time(), *group_ids])
 
     async def pop_regenerate(self, n: int = 1) -> list[RegenerateRequest]:
-        """Pop up to `n` requests to generate a stale group's prompt again (oldest first)."""
+        """Pop up to `n` requests to generate a reopened group's stale members again (oldest first)."""
         items = await self.redis.lpop(self.keys.regenerate, n) or []
         return [RegenerateRequest(**orjson.loads(item)) for item in items]
 
@@ -364,5 +374,7 @@ def _decode_member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], rewar
     return assemble(packed_turns, [decode_sample_header(h) for h in headers.values()], value)
 
 
-def _member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], fields: list[bytes | None]) -> Member:
-    return Member(SessionStatus(fields[0].decode()), _decode_member(headers, turns, fields[1]))
+def _member(
+    index: int, session_id: str, headers: dict[bytes, bytes], turns: dict[bytes, bytes], fields: list[bytes | None]
+) -> Member:
+    return Member(index, session_id, SessionStatus(fields[0].decode()), _decode_member(headers, turns, fields[1]))

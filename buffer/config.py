@@ -20,8 +20,9 @@ class BufferConfig:
     min_successful: int = help_field(1, help="with keep_successful: fewest successful members a group needs")
     max_staleness: int | None = help_field(
         None,
-        help="drop (and queue for regeneration) a group whose oldest token is more than this many weight "
-        "versions older than the trainer's current version; unset = no bound",
+        help="a group member whose oldest token is more than this many weight versions older than the "
+        "trainer's current version is never trained on: the group is reopened and that member generated "
+        "again (its fresh members are kept); unset = no bound",
     )
     group_filter_path: str | None = help_field(
         None,

@@ -159,9 +159,11 @@ class Group:
 
 @dataclass(slots=True)
 class RegenerateRequest:
-    """A group dropped as too stale: its prompt should be generated again."""
+    """A group reopened because some members are too stale: generate those members again, at the
+    same indices of the same group (the group's first session's metadata says what to generate)."""
 
     group_id: str
     metadata: dict[str, Any]
-    oldest_version: int
+    indices: list[int]
+    oldest_version: int  # the stale members' oldest token
     current_version: int

@@ -1,12 +1,16 @@
 """Which complete groups a trainer may train on: failed members, staleness, the filter hook.
 
-Pure functions of a group's members, so the rules are tested without Redis.
+Staleness is judged per member: a group whose members are fresh except some is not thrown away,
+only its stale members are generated again (the group is reopened). Judging the group by its
+oldest token instead would throw away every group whose slowest member ends long after its
+siblings (their tokens age while it runs), so async training would learn only from groups
+without a long episode. Pure functions of a group's members, so the rules are tested without Redis.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from buffer.config import BufferConfig
 from buffer.records import SessionStatus
@@ -17,17 +21,21 @@ GroupFilter = Callable[[str, list[Sample]], bool]
 
 @dataclass(frozen=True, slots=True)
 class Member:
+    index: int
+    session_id: str
     status: SessionStatus
     samples: list[Sample]
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """`state` is "trainable" or the group's final state when it is dropped."""
+    """`state` is "trainable", "reopen" (generate the `stale` members again), or the group's final
+    state when it is dropped."""
 
     state: str
     samples: list[Sample]
     oldest_version: int | None = None
+    stale: list[Member] = field(default_factory=list)
 
     @property
     def keep(self) -> bool:
@@ -46,7 +54,7 @@ def judge(
     current_version: int | None,
     group_filter: GroupFilter | None = None,
 ) -> Verdict:
-    """Apply, in order: the failed-member policy, the staleness bound, the filter hook."""
+    """Apply, in order: the failed-member policy, the staleness bound (per member), the filter hook."""
     ok = [m for m in members if m.status is not SessionStatus.FAILED and m.samples]
     failed = len(members) - len(ok)
     if failed and (config.failed_policy == "drop_group" or len(ok) < config.min_successful):
@@ -54,8 +62,10 @@ def judge(
     samples = [s for m in ok for s in m.samples]
     oldest = oldest_version(samples)
     bound = config.max_staleness
-    if bound is not None and current_version is not None and oldest is not None and current_version - oldest > bound:
-        return Verdict("dropped_stale", [], oldest)
+    if bound is not None and current_version is not None:
+        stale = [m for m in ok if (v := oldest_version(m.samples)) is not None and current_version - v > bound]
+        if stale:
+            return Verdict("reopen", [], oldest, stale)
     if group_filter is not None and not group_filter(group_id, samples):
         return Verdict("filtered", [])
     return Verdict("trainable", samples, oldest)

@@ -195,14 +195,37 @@ return #entries
 """
 )
 
-# Never hand out this group again: acknowledge its entry, record why, maybe ask for regeneration.
-# KEYS: group, ready, stats, regenerate
-# ARGV: entry_id, consumer_group, state, counter, regenerate_json ('' = none), now
+# Never hand out this group again: acknowledge its entry and record why.
+# KEYS: group, ready, stats
+# ARGV: entry_id, consumer_group, state, counter, now
 DROP = """
 if redis.call('XACK', KEYS[2], ARGV[2], ARGV[1]) == 0 then return 0 end
 redis.call('XDEL', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'state', ARGV[3], 'dropped_at', ARGV[6])
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'dropped_at', ARGV[5])
 redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
-if ARGV[5] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[5]) end
+return 1
+"""
+
+# Stale members are generated again in the same group: acknowledge the entry, free their indices
+# (their sessions stay stored, marked retired, and are never trained on), put the group back to
+# open with that many members still to come, and queue the regeneration request.
+# KEYS: group, members, ready, stats, regenerate, session...
+# ARGV: entry_id, consumer_group, regenerate_json, now, index... (one per session key)
+REOPEN = """
+if redis.call('XACK', KEYS[3], ARGV[2], ARGV[1]) == 0 then return 0 end
+redis.call('XDEL', KEYS[3], ARGV[1])
+local n = #ARGV - 4
+for i = 1, n do
+  redis.call('HDEL', KEYS[2], ARGV[i + 4])
+  redis.call('HSET', KEYS[i + 5], 'retired_at', ARGV[4])
+end
+redis.call('HINCRBY', KEYS[1], 'done', -n)
+redis.call('HINCRBY', KEYS[1], 'reopened', 1)
+redis.call('HSET', KEYS[1], 'state', 'open')
+redis.call('HDEL', KEYS[1], 'entry')
+redis.call('HINCRBY', KEYS[4], 'groups_open', 1)
+redis.call('HINCRBY', KEYS[4], 'groups_reopened', 1)
+redis.call('HINCRBY', KEYS[4], 'members_regenerated', n)
+redis.call('RPUSH', KEYS[5], ARGV[3])
 return 1
 """

@@ -19,11 +19,12 @@ class BufferStats:
     groups_taken: int  # handed to a trainer, not yet acknowledged
     groups_trained: int  # acknowledged
     groups_dropped_failed: int
-    groups_dropped_stale: int
+    groups_reopened: int  # times a complete group had stale members, which are generated again
+    members_regenerated: int  # stale members retired from reopened groups (never trained on)
     groups_filtered: int
     groups_given_back: int  # times a taken group was returned to the queue
     groups_evaluated: int  # complete evaluation groups (stored, never trained)
-    regenerate_queued: int  # stale groups whose prompt waits to be generated again
+    regenerate_queued: int  # reopened groups whose stale members wait to be generated again
     bytes_turns: int  # turns as stored: the token data (ids, log-probs)
     bytes_samples: int  # sample headers written at finish
     used_memory: int  # the whole server's, from INFO memory
@@ -51,7 +52,8 @@ async def read_stats(redis: Redis, keys: Keys) -> BufferStats:
         groups_taken=taken,
         groups_trained=c.get("groups_trained", 0),
         groups_dropped_failed=c.get("groups_dropped_failed", 0),
-        groups_dropped_stale=c.get("groups_dropped_stale", 0),
+        groups_reopened=c.get("groups_reopened", 0),
+        members_regenerated=c.get("members_regenerated", 0),
         groups_filtered=c.get("groups_filtered", 0),
         groups_given_back=c.get("groups_given_back", 0),
         groups_evaluated=c.get("groups_evaluated", 0),

@@ -22,7 +22,13 @@ from typing import Any
 
 import httpx
 
-from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput, sampling_params
+from slimeish.rollout import (
+    RolloutFnEvalOutput,
+    RolloutFnTrainOutput,
+    sampling_params,
+    session_metadata,
+    training_group_id,
+)
 from slimeish.types import Sample
 
 
@@ -161,7 +167,7 @@ def episode_slots(limit: int) -> EpisodeSlots:
 
 def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
     """Training groups are named by their group index; eval groups live in their own namespace."""
-    return f"eval-{_EVAL_NONCE}-{rollout_id}-{sample.group_index}" if evaluation else f"g{sample.group_index}"
+    return f"eval-{_EVAL_NONCE}-{rollout_id}-{sample.group_index}" if evaluation else training_group_id(sample)
 
 
 async def run_groups(
@@ -182,7 +188,7 @@ async def run_groups(
 
         async def one(sample: Sample, group_size: int) -> Sample:
             async with limit:
-                meta = {"prompt": sample.prompt, "label": sample.label, "eval": evaluation, **sample.metadata}
+                meta = session_metadata(sample, evaluation)
                 group_id = group_id_for(sample, evaluation, rollout_id)
                 session = await sessions.open(
                     group_id, sample.index, group_size, meta, trainable=not evaluation, sampling_defaults=sampling
@@ -200,7 +206,11 @@ async def run_groups(
                 await sessions.finish(session, None if failed else reward, sample.status, error)
                 return sample
 
-        results = await asyncio.gather(*(one(s, len(g)) for g in groups for s in g), return_exceptions=True)
+        # A training group may be partial (the stale members of a reopened group): its size is the run's.
+        sizes = [len(g) if evaluation else args.n_samples_per_prompt for g in groups]
+        results = await asyncio.gather(
+            *(one(s, size) for g, size in zip(groups, sizes, strict=True) for s in g), return_exceptions=True
+        )
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]

@@ -2,7 +2,9 @@
 
 `DataSource.get_samples(n)` is slime's contract: it returns n groups, each holding
 `n_samples_per_prompt` copies of one prompt as `Sample`s with `group_index`/`index` set.
-Prompts given back (e.g. groups dropped for staleness) are served again before new ones.
+Prompts given back are served again before new ones, as new groups; members to regenerate
+(the stale members of a reopened group) are served as a partial group that keeps its
+`group_index` and holds only those `index`es.
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ class DataSource:
         self.offset = 0
         self.next_group_index = 0
         self._order = self._epoch_order()
-        self._returned: list[Sample] = []
+        # (prompt, group_index, indices) served before new prompts; None: a new group of every index
+        self._returned: list[tuple[Sample, int | None, list[int] | None]] = []
         self._lock = threading.Lock()  # async mode runs several rollout batches in threads
         # Written whenever prompts are handed out, before any episode of them starts: a resumed
         # run continues after every group the killed run may have opened, so group ids never repeat.
@@ -121,8 +124,6 @@ class DataSource:
         return order
 
     def _next_prompt(self) -> Sample:
-        if self._returned:
-            return self._returned.pop(0)
         if self.offset == len(self._order):
             self.epoch, self.offset = self.epoch + 1, 0
             self._order = self._epoch_order()
@@ -140,10 +141,11 @@ class DataSource:
             return groups
 
     def _next_group(self) -> list[Sample]:
-        prompt = self._next_prompt()
-        group_index = self.next_group_index
-        self.next_group_index += 1
-        return [self._copy(prompt, group_index, i) for i in range(self.n_samples_per_prompt)]
+        prompt, group_index, indices = self._returned.pop(0) if self._returned else (self._next_prompt(), None, None)
+        if group_index is None:
+            group_index = self.next_group_index
+            self.next_group_index += 1
+        return [self._copy(prompt, group_index, i) for i in indices or range(self.n_samples_per_prompt)]
 
     @staticmethod
     def _copy(prompt: Sample, group_index: int, index: int) -> Sample:
@@ -159,12 +161,16 @@ class DataSource:
         """Give prompts back (one per group) to be served again before new ones."""
         with self._lock:
             self._returned += [
-                Sample(prompt=g[0].prompt, label=g[0].label, metadata=g[0].metadata) for g in groups if g
+                (Sample(prompt=g[0].prompt, label=g[0].label, metadata=g[0].metadata), None, None) for g in groups if g
             ]
 
-    def give_back_prompt(self, prompt: Any, label: Any = None, metadata: dict[str, Any] | None = None) -> None:
+    def regenerate(
+        self, group_index: int, indices: list[int], prompt: Any, label: Any = None, metadata: dict | None = None
+    ) -> None:
+        """Serve members `indices` of group `group_index` again, before new prompts."""
+        prompt_sample = Sample(prompt=prompt, label=label, metadata=dict(metadata or {}))
         with self._lock:
-            self._returned.append(Sample(prompt=prompt, label=label, metadata=dict(metadata or {})))
+            self._returned.append((prompt_sample, group_index, indices))
 
     def state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "offset": self.offset, "next_group_index": self.next_group_index}

@@ -1,5 +1,8 @@
 """Rollout production: call the rollout function, land its groups in the buffer, feed regenerations.
 
+The stale members of a group the buffer reopened go back to the data source, which serves them
+as a partial group under the same `group_index`, so the new episodes join the same buffer group.
+
 The rollout function is slime's synchronous `generate_rollout(args, rollout_id, data_source)`; it
 runs in a worker thread so the trainer's event loop stays free. Groups it captured through router
 sessions are already in the buffer. Samples it produced some other way (a slime plugin calling an
@@ -21,7 +24,7 @@ from typing import Any
 from buffer.client import Buffer
 from buffer.records import SessionInfo, Turn
 from slimeish.data import DataSource
-from slimeish.rollout import RolloutFnTrainOutput
+from slimeish.rollout import RolloutFnTrainOutput, session_metadata, training_group_id
 from slimeish.types import Sample
 
 log = logging.getLogger("slimeish.producer")
@@ -50,17 +53,18 @@ def sample_to_turns(session_id: str, sample: Sample) -> list[Turn]:
     return turns
 
 
-async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], run_tag: str) -> None:
-    """Write samples that did not go through a router session into the buffer, group by group."""
+async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], group_size: int) -> None:
+    """Write samples that did not go through a router session into the buffer, group by group
+    (a group may be partial: the regenerated members of a reopened group)."""
     for group in groups:
         if not group or all(s.session_id for s in group):
             continue
-        group_id = f"{run_tag}-g{group[0].group_index}"
         for sample in group:
             session_id = f"direct-{uuid.uuid4().hex}"
-            await buffer.open_session(
-                SessionInfo(session_id, group_id, sample.index or 0, len(group), {"prompt": sample.prompt})
+            info = SessionInfo(
+                session_id, training_group_id(sample), sample.index or 0, group_size, session_metadata(sample, False)
             )
+            await buffer.open_session(info)
             for turn in sample_to_turns(session_id, sample):
                 await buffer.append_turn(turn)
             status = Sample.Status.COMPLETED if sample.status == Sample.Status.PENDING else sample.status
@@ -72,7 +76,8 @@ class RolloutProducer:
     """Runs the rollout function. Sync mode: `run_once()` per training step. Async mode:
     `start(max_groups)` streams groups one at a time from as many workers, keeping at most
     `max_groups` generated but not yet taken by the trainer, so a slow episode holds back only
-    its own group, never a whole batch; the trainer frees slots with `release(n)`."""
+    its own group, never a whole batch; the trainer frees slots with `release(n)` for groups it
+    took, dropped or reopened (a reopened group's regeneration is a rollout call of its own)."""
 
     def __init__(self, rollout_fn: Callable[..., Any], args: Any, data: DataSource, buffer: Buffer):
         self.rollout_fn = rollout_fn
@@ -92,14 +97,16 @@ class RolloutProducer:
         if n_groups is not None and n_groups != args.rollout_batch_size:
             args = argparse.Namespace(**{**vars(args), "rollout_batch_size": n_groups})
         for request in await self.buffer.pop_regenerate(args.rollout_batch_size):
-            meta = {k: v for k, v in request.metadata.items() if k not in ("prompt", "label", "eval")}
-            self.data.give_back_prompt(request.metadata.get("prompt"), request.metadata.get("label"), meta)
+            meta = dict(request.metadata)
+            prompt, label, group_index = meta.pop("prompt", None), meta.pop("label", None), meta.pop("group_index")
+            meta.pop("eval", None)
+            self.data.regenerate(group_index, request.indices, prompt, label, meta)
         rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data)
         if not isinstance(out, RolloutFnTrainOutput):
             raise TypeError(f"the rollout function returned {type(out).__name__}, expected RolloutFnTrainOutput")
-        await store_uncaptured(self.buffer, out.samples, f"r{rollout_id}")
+        await store_uncaptured(self.buffer, out.samples, args.n_samples_per_prompt)
         self.metrics = {f"episodes/{k}": v for k, v in out.metrics.items()}
         return self.metrics
 

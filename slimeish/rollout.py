@@ -89,6 +89,26 @@ def load_reward_function(path: str) -> Callable[..., Awaitable[float]]:
     return load_function(path, expected=REWARD_SIGNATURE, params=["args", "sample"], is_async=True)
 
 
+def training_group_id(sample: Sample) -> str:
+    """The buffer group of a training sample: one per prompt draw (`group_index`), so regenerated
+    members of a reopened group (served with the same `group_index`) land in it again."""
+    if sample.group_index is None:
+        raise ValueError("a training sample needs the group_index its data source gave it (get_samples sets it)")
+    return f"g{sample.group_index}"
+
+
+def session_metadata(sample: Sample, evaluation: bool) -> dict[str, Any]:
+    """What a session stores about its episode. A group keeps its first session's, and a
+    regeneration request brings it back to the data source, so it holds all a prompt draw needs."""
+    return {
+        "prompt": sample.prompt,
+        "label": sample.label,
+        "group_index": sample.group_index,
+        "eval": evaluation,
+        **sample.metadata,
+    }
+
+
 def sampling_params(cfg: RolloutConfig, *, evaluation: bool = False) -> dict[str, Any]:
     """SGLang `sampling_params` for one rollout turn."""
     params: dict[str, Any] = {

@@ -3,8 +3,9 @@
 Sync mode runs the three phases in turn. Async mode keeps episodes running while the trainer
 trains: the producer streams groups, keeping at most `--async-groups` (default
 `(max_staleness + 1) * rollout_batch_size`) generated but not yet trained; weights update in
-place (pause → flush → update → continue, no request aborted), and the buffer refuses groups
-older than `--max-staleness` versions, whose prompts come back through the regeneration queue.
+place (pause → flush → update → continue, no request aborted), and the buffer never hands out a
+group with a member older than `--max-staleness` versions: it reopens the group, and those
+members come back through the regeneration queue to be generated again.
 """
 
 from __future__ import annotations
@@ -214,14 +215,14 @@ async def collect_groups(buffer: Buffer, producer: RolloutProducer, n: int, vers
     """`n` trainable groups. Whatever is ready is taken first (groups re-delivered after a crash);
     only then does sync mode generate the groups still missing (exactly those, so no surplus is
     left to be trained a version later), and async mode wait for the producer. Async slots are
-    freed for taken and for dropped groups alike."""
+    freed for taken, dropped and reopened groups alike."""
     groups: list[Group] = []
     empty_batches = 0
     while len(groups) < n:
         producer.raise_if_failed()
-        dropped_before = buffer.groups_dropped
+        skipped_before = buffer.groups_skipped
         taken = await buffer.take_groups(n - len(groups), CONSUMER, version)
-        producer.release(len(taken) + buffer.groups_dropped - dropped_before)
+        producer.release(len(taken) + buffer.groups_skipped - skipped_before)
         groups += taken
         if taken:
             empty_batches = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from buffer import Buffer, BufferConfig, ConflictError, NotTakenError, SessionInfo, UnknownGroupError
-from tests.buffer.buffer_helpers import write_group, write_session
+from tests.buffer.buffer_helpers import turn, write_group, write_session
 
 
 async def test_take_ack_and_never_again(buf: Buffer, valkey, run_id):
@@ -85,17 +85,53 @@ async def test_ack_is_all_or_nothing(buf: Buffer):
     assert await buf.ack(["g1"]) == 1
 
 
-async def test_stale_groups_are_dropped_and_queued_for_regeneration(buf: Buffer, valkey, run_id):
-    await write_group(buf, "old", version=1)
-    await write_group(buf, "new", version=4)
+async def test_stale_members_are_regenerated_in_their_group(buf: Buffer, valkey, run_id):
+    # Member 1 ran long: its token is fresh, its siblings' tokens aged while it ran.
+    for index, version in enumerate((1, 4, 2)):
+        await write_session(buf, "g", index, 3, reward=float(index), version=version)
+    await write_group(buf, "fresh", version=4)
     async with Buffer(valkey.url, run_id, BufferConfig(max_staleness=2)) as trainer:
-        assert [g.group_id for g in await trainer.take_groups(2, "t", current_version=5)] == ["new"]
+        assert [g.group_id for g in await trainer.take_groups(2, "t", current_version=5)] == ["fresh"]
+        assert trainer.groups_skipped == 1  # the producer frees the reopened group's slot
         stats = await trainer.stats()
-        assert (stats.groups_dropped_stale, stats.regenerate_queued, stats.groups_taken) == (1, 1, 1)
+        assert (stats.groups_reopened, stats.members_regenerated, stats.regenerate_queued) == (1, 2, 1)
+        assert (stats.groups_open, stats.groups_taken, stats.groups_waiting) == (1, 1, 0)
         (request,) = await trainer.pop_regenerate(5)
-    assert (request.group_id, request.oldest_version, request.current_version) == ("old", 1, 5)
-    assert request.metadata == {"prompt": "p-old"}
-    assert await buf.pop_regenerate() == []
+        assert (request.group_id, request.indices, request.oldest_version, request.current_version) == (
+            "g",
+            [0, 2],
+            1,
+            5,
+        )
+        assert request.metadata == {"prompt": "p-g"}
+        assert await trainer.pop_regenerate() == []
+        # The regenerated members join the same group at the freed indices; the kept one stays.
+        with pytest.raises(ConflictError, match="index 1 of group g is taken"):
+            await buf.open_session(SessionInfo("again-1", "g", 1, 3))
+        for index in request.indices:
+            sid = f"again-{index}"
+            await buf.open_session(SessionInfo(sid, "g", index, 3, {"prompt": "p-g"}))
+            await buf.append_turn(turn(sid, 0, version=5))
+            await buf.finish_session(sid, 10.0 + index, "completed")
+        (group,) = await trainer.take_groups(2, "t", current_version=6)
+        assert group.group_id == "g"
+        assert [(s.session_id, s.reward, s.weight_versions) for s in group.samples] == [
+            ("again-0", 10.0, [5]),
+            ("g-1", 1.0, [4]),
+            ("again-2", 12.0, [5]),
+        ]
+        assert await trainer.ack(["g", "fresh"]) == 2
+    # The retired sessions stay stored (export shows them) but were never handed out.
+    assert len(await buf.session_samples("g-0")) == 1
+
+
+async def test_a_fully_stale_group_is_regenerated_whole_under_its_id(buf: Buffer, valkey, run_id):
+    await write_group(buf, "old", version=1)
+    async with Buffer(valkey.url, run_id, BufferConfig(max_staleness=0)) as trainer:
+        assert await trainer.take_groups(1, "t", current_version=2) == []
+        (request,) = await trainer.pop_regenerate()
+    assert (request.group_id, request.indices) == ("old", [0, 1])
+    assert (await buf.stats()).members_regenerated == 2
 
 
 async def test_failed_policy_and_filter_by_import_path(valkey, run_id):
@@ -117,7 +153,7 @@ async def test_failed_policy_and_filter_by_import_path(valkey, run_id):
         assert [s.index for s in kept[1].samples] == [1, 2]
         stats = await buf.stats()
         assert (stats.groups_filtered, stats.groups_dropped_failed, stats.groups_taken) == (1, 1, 2)
-        assert buf.groups_dropped == 2  # the same drops, counted in-process for the producer
+        assert buf.groups_skipped == 2  # the same drops, counted in-process for the producer
 
 
 def test_bad_filter_path_fails_at_construction(valkey, run_id):

@@ -12,9 +12,9 @@ from slimeish.types import Sample
 OK, FAILED = SessionStatus.COMPLETED, SessionStatus.FAILED
 
 
-def member(status: SessionStatus = OK, reward: float = 1.0, versions: tuple[int, ...] = (5,)) -> Member:
+def member(status: SessionStatus = OK, reward: float = 1.0, versions: tuple[int, ...] = (5,), index: int = 0) -> Member:
     samples = [] if status is FAILED else [Sample(reward=reward, weight_versions=list(versions))]
-    return Member(status, samples)
+    return Member(index, f"s{index}", status, samples)
 
 
 def test_complete_group_is_trainable():
@@ -33,13 +33,21 @@ def test_keep_successful_needs_min_successful():
     assert judge("g", [member(), member(FAILED), member(FAILED)], config, None).state == "dropped_failed"
 
 
-def test_staleness_is_measured_from_the_oldest_token():
+def test_staleness_is_judged_per_member_from_its_oldest_token():
     config = BufferConfig(max_staleness=2)
-    fresh = [member(versions=(3, 9)), member(versions=(8,))]
-    assert judge("g", fresh, config, current_version=5).keep  # 5 - 3 = 2: at the bound
-    stale = judge("g", fresh, config, current_version=6)
-    assert stale.state == "dropped_stale" and stale.oldest_version == 3
-    assert judge("g", fresh, BufferConfig(), current_version=100).keep  # no bound configured
+    group = [member(versions=(3, 9), index=0), member(versions=(8,), index=1), member(versions=(4,), index=2)]
+    assert judge("g", group, config, current_version=5).keep  # 5 - 3 = 2: at the bound
+    verdict = judge("g", group, config, current_version=6)
+    assert verdict.state == "reopen" and [m.index for m in verdict.stale] == [0]
+    assert verdict.oldest_version == 3 and verdict.samples == []
+    assert [m.index for m in judge("g", group, config, current_version=11).stale] == [0, 1, 2]
+    assert judge("g", group, BufferConfig(), current_version=100).keep  # no bound configured
+
+
+def test_failed_members_are_not_regenerated():
+    config = BufferConfig(max_staleness=0, failed_policy="keep_successful")
+    verdict = judge("g", [member(versions=(1,), index=0), member(FAILED, index=1)], config, current_version=2)
+    assert [m.index for m in verdict.stale] == [0]
 
 
 def test_filter_hook_and_builtin_zero_variance_filter():

@@ -55,7 +55,8 @@ def test_demo_agent_runs_the_tool_and_answers(router):
 def test_unparseable_tool_call_is_a_plain_answer_worth_zero(router):
     router.reply = lambda body: {"content": '<tool_call>\n{"name": "add", "arguments": {"a": 4'}
     groups = DataSource([Sample(prompt="What is 4 plus 5?", label=9)], 2, shuffle=False).get_samples(1)
-    out = generate_rollout(make_args(router, rollout_batch_size=1), 0, _Source(groups), evaluation=False)
+    args = make_args(router, rollout_batch_size=1, n_samples_per_prompt=2)
+    out = generate_rollout(args, 0, _Source(groups), evaluation=False)
     assert [s.reward for s in out.samples[0]] == [0.0, 0.0]
     assert len(router.requests) == 2  # no tool call, so one turn per episode
 
@@ -73,7 +74,7 @@ class _Source:
 def test_generate_rollout_opens_and_finishes_one_session_per_sample(router):
     router.reply = calculator
     prompts = [Sample(prompt=p.question, label=p.label) for p in (Problem("plus", 4, 5), Problem("divided by", 8, 2))]
-    out = generate_rollout(make_args(router), 3, DataSource(prompts, 3, shuffle=False))
+    out = generate_rollout(make_args(router, n_samples_per_prompt=3), 3, DataSource(prompts, 3, shuffle=False))
     assert [[s.reward for s in g] for g in out.samples] == [[1.0] * 3, [1.0] * 3]
     assert out.metrics["reward_mean"] == 1.0 and out.metrics["failed"] == 0
     created = sorted(
@@ -91,7 +92,7 @@ def test_sessions_carry_the_rollout_sampling_for_the_agent(router, evaluation, t
     rollout temperature otherwise, through its session's defaults."""
     router.reply = calculator
     sampling = dict(rollout_temperature=0.8, eval_temperature=0.0, rollout_top_p=0.9, rollout_top_k=20)
-    args = make_args(router, rollout_batch_size=1, **sampling)
+    args = make_args(router, rollout_batch_size=1, n_samples_per_prompt=2, **sampling)
     prompts = [Sample(prompt="What is 4 plus 5?", label=9)]
     generate_rollout(args, 0, DataSource(prompts, 2, shuffle=False), evaluation=evaluation)
     defaults = [s["create"]["sampling_defaults"] for s in router.sessions.values()]
@@ -121,7 +122,7 @@ async def scorer(args, sample):
      (unscored_agent, None, "failed", None), (unscored_agent, scorer, "completed", 0.5)],
 )  # fmt: skip
 def test_agent_failures_fail_the_session(router, agent, rm, status, reward):
-    args = make_args(router, rollout_timeout=0.5)
+    args = make_args(router, rollout_timeout=0.5, n_samples_per_prompt=1)
     groups = [[Sample(group_index=0, index=0, prompt="What is 2 plus 2?", label=4)]]
 
     ((sample,),) = asyncio.run(run_groups(args, groups, agent_episode(agent, args, rm), rollout_id=0, evaluation=False))

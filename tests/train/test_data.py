@@ -75,11 +75,19 @@ def test_groups_epochs_and_resume():
     assert [g[0].group_index for g in b.get_samples(1)] == [10]
 
 
-def test_given_back_prompts_come_first():
-    source = DataSource([Sample(prompt="new")], 2, shuffle=False)
-    source.give_back_prompt("old", label="L")
-    (group,) = source.get_samples(1)
-    assert [s.prompt for s in group] == ["old", "old"] and group[0].label == "L"
+def test_given_back_prompts_and_regenerated_members_come_first():
+    source = DataSource([Sample(prompt="new")], 3, shuffle=False)
+    source.get_samples(1)  # group 0
+    source.add_samples([[Sample(prompt="back", label="B")]])
+    source.regenerate(0, [0, 2], "old", label="L", metadata={"m": 1})
+    back, partial, new = source.get_samples(3)
+    assert [(s.prompt, s.group_index, s.index) for s in back] == [("back", 1, 0), ("back", 1, 1), ("back", 1, 2)]
+    # a reopened group's stale members keep their group and their places in it
+    assert [(s.prompt, s.group_index, s.index, s.label, s.metadata) for s in partial] == [
+        ("old", 0, 0, "L", {"m": 1}),
+        ("old", 0, 2, "L", {"m": 1}),
+    ]
+    assert [(s.prompt, s.group_index) for s in new] == [("new", 2)] * 3
 
 
 def test_state_file_is_written_whenever_prompts_are_drawn(tmp_path):

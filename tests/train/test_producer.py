@@ -1,9 +1,21 @@
-"""Samples a rollout function produced without the router become exact buffer turns."""
+"""The producer: uncaptured samples become exact buffer turns; stale members are regenerated
+into their own group (against a real valkey-server)."""
+
+from types import SimpleNamespace
 
 import pytest
 
-from slimeish.producer import sample_to_turns
+from buffer import Buffer, BufferConfig, EmbeddedServer
+from slimeish.data import DataSource
+from slimeish.producer import RolloutProducer, sample_to_turns
+from slimeish.rollout import RolloutFnTrainOutput
 from slimeish.types import Sample
+
+
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory):
+    with EmbeddedServer(tmp_path_factory.mktemp("valkey-producer")) as server:
+        yield server
 
 
 def test_each_run_of_sampled_tokens_is_one_turn():
@@ -28,3 +40,43 @@ def test_each_run_of_sampled_tokens_is_one_turn():
 def test_sample_without_logprobs_is_refused():
     with pytest.raises(ValueError, match="no rollout_log_probs"):
         sample_to_turns("s", Sample(tokens=[1, 2], response_length=1, loss_mask=[1]))
+
+
+class VersionedRollout:
+    """A slime-style rollout function (no router): member i's token comes from weight version
+    `versions[i]`, its reward is i; every call is recorded as (group_index, indices)."""
+
+    def __init__(self, versions: dict[int, int]):
+        self.versions = versions
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def __call__(self, args, rollout_id, data_source, evaluation=False):
+        groups = data_source.get_samples(args.rollout_batch_size)
+        for group in groups:
+            self.calls.append((group[0].group_index, [s.index for s in group]))
+            for s in group:
+                s.tokens, s.response_length, s.loss_mask = [1, 2, 3], 1, [1]
+                s.rollout_log_probs, s.weight_versions = [-0.5], [self.versions[s.index]]
+                s.reward, s.status = float(s.index), Sample.Status.COMPLETED
+        return RolloutFnTrainOutput(samples=groups)
+
+
+async def test_stale_members_are_generated_again_into_their_group(valkey):
+    args = SimpleNamespace(rollout_batch_size=1, n_samples_per_prompt=3)
+    data = DataSource([Sample(prompt="p", label="L", metadata={"k": 1})], 3, shuffle=False)
+    rollout = VersionedRollout({0: 1, 1: 4, 2: 1})  # member 1 ran long, so its token is the fresh one
+    async with Buffer(valkey.url, "producer-regen", BufferConfig(max_staleness=2)) as buffer:
+        producer = RolloutProducer(rollout, args, data, buffer)
+        await producer.run_once()
+        assert await buffer.take_groups(1, "t", current_version=5) == []  # reopened: 0 and 2 are stale
+        rollout.versions = {0: 5, 1: None, 2: 5}
+        await producer.run_once()
+        (group,) = await buffer.take_groups(1, "t", current_version=5)
+    assert rollout.calls == [(0, [0, 1, 2]), (0, [0, 2])]  # the second call served only the stale members
+    assert group.group_id == "g0"
+    assert [(s.index, s.reward, s.weight_versions) for s in group.samples] == [
+        (0, 0.0, [5]),
+        (1, 1.0, [4]),
+        (2, 2.0, [5]),
+    ]
+    assert group.metadata == {"prompt": "p", "label": "L", "group_index": 0, "eval": False, "k": 1}
