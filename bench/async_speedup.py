@@ -8,8 +8,9 @@ Every mode gets the same capacity C, the number of episodes allowed to run at on
   sync          rollout_batch_size = C / n            (one batch of C episodes at a time)
   async, K      rollout_batch_size = C / (n (K + 1))  (the producer keeps (K + 1) * batch groups)
 and trains the same number of samples. `--rollout-concurrency C` bounds the episodes running at
-once in every mode; `--group-window G` lets async keep G x (K + 1) x batch groups in flight, so
-episode slots freed by a group's short members go to other groups while its long member runs.
+once in every mode; `--group-window G` lets async keep G x (K + 1) x batch groups in flight
+(default 2, as `slimeish train`'s default `--async-groups`), so episode slots freed by a group's
+short members go to other groups while its long member runs.
 
 Throughput = trained samples / loop time, where loop time is the sum of the per-step times in
 metrics.jsonl (time/rollout + time/train + time/sync): start-up, the final checkpoint and
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tail-prob", type=float, default=0.1, help="fraction of long episodes")
     parser.add_argument("--chat-at", choices=["end", "start"], default="end", help="chat turn after or before the wait")
     parser.add_argument(
-        "--group-window", type=int, default=1,
+        "--group-window", type=int, default=2,
         help="async: groups in flight = this x (K+1) x batch (slimeish train --async-groups); episodes stay <= C",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import asdict
 from typing import Any
@@ -37,6 +38,8 @@ from slimeish.plugins import load_function
 from slimeish.types import Sample
 
 Reward = float | dict[str, Any]
+# BufferStats counters of what a take settles without handing it out.
+SKIP_COUNTERS = ("groups_reopened", "members_regenerated", "groups_dropped_failed", "groups_filtered")
 _SCRIPTS = ("OPEN_SESSION", "APPEND_TURN", "FINISH_SESSION", "SET_REWARD", "ACK", "GIVE_BACK", "DROP", "REOPEN")
 
 
@@ -80,10 +83,10 @@ class Buffer:
         self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
         self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
         self._consumer_group_made = False
-        # Groups this object dropped (failed members, filter) or reopened (stale members) while
-        # taking: a producer that bounds the groups in flight frees their slots without asking the
-        # server (a reopened group's regeneration takes a slot of its own).
-        self.groups_skipped = 0
+        # What this object's takes settled without handing out, by BufferStats counter name: a
+        # producer that bounds the groups in flight frees their slots without asking the server
+        # (a reopened group's regeneration takes a slot of its own), and the train loop logs them.
+        self.skipped: Counter[str] = Counter({name: 0 for name in SKIP_COUNTERS})
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -303,6 +306,7 @@ class Buffer:
         kept: list[Group] = []
         members_of = iter(sessions)
         skips: list[Awaitable[int]] = []  # concurrent script calls: the batcher sends them in one round trip
+        kinds: list[tuple[str, int]] = []  # (counter, members regenerated) of each skip
         orphans: list[str] = []  # entries whose group was deleted after delivery: nothing to train on
         for (entry_id, _), item in zip(entries, loaded, strict=True):
             entry = entry_id.decode()
@@ -316,13 +320,23 @@ class Buffer:
                 kept.append(Group(gid, verdict.samples, metadata, entry))
             elif verdict.state == "reopen":
                 skips.append(self._reopen(gid, entry, metadata, verdict.stale, current_version))
+                kinds.append(("groups_reopened", len(verdict.stale)))
             else:
                 skips.append(self._drop(gid, entry, verdict.state))
+                kinds.append((f"groups_{verdict.state}", 0))
         if orphans:
             await self.redis.xack(k.ready, CONSUMER_GROUP, *orphans)
         # DROP and REOPEN answer 1 when they settled the group, 0 when another consumer already did.
-        self.groups_skipped += sum(await asyncio.gather(*skips))
+        for (counter, regenerated), settled in zip(kinds, await asyncio.gather(*skips), strict=True):
+            if settled:
+                self.skipped[counter] += 1
+                self.skipped["members_regenerated"] += regenerated
         return kept
+
+    @property
+    def groups_skipped(self) -> int:
+        """Groups this object's takes dropped or reopened."""
+        return sum(v for name, v in self.skipped.items() if name.startswith("groups_"))
 
     async def _drop(self, gid: str, entry: str, state: str) -> int:
         k = self.keys

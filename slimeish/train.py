@@ -2,7 +2,7 @@
 
 Sync mode runs the three phases in turn. Async mode keeps episodes running while the trainer
 trains: the producer streams groups, keeping at most `--async-groups` (default
-`(max_staleness + 1) * rollout_batch_size`) generated but not yet trained; weights update in
+`2 * (max_staleness + 1) * rollout_batch_size`) generated but not yet trained; weights update in
 place (pause → flush → update → continue, no request aborted), and the buffer never hands out a
 group with a member older than `--max-staleness` versions: it reopens the group, and those
 members come back through the regeneration queue to be generated again.
@@ -52,9 +52,9 @@ class RunConfig:
     load: Path | None = help_field(None, help="resume from this checkpoint directory (a run's checkpoints/latest)")
     async_groups: int | None = help_field(
         None,
-        help="async mode: most groups generated but not yet trained (default: (max_staleness + 1) x "
-        "rollout_batch_size); --rollout-concurrency still bounds the episodes, so more groups than "
-        "concurrency / n_samples_per_prompt keep episode slots busy while a group's slowest member runs",
+        help="async mode: most groups generated but not yet trained (default: 2 x (max_staleness + 1) x "
+        "rollout_batch_size); --rollout-concurrency still bounds the episodes, and the slack keeps episode "
+        "slots busy with other groups while a group's slowest member runs",
     )
     weight_sync: Literal["tensor", "disk", "distributed"] = help_field(
         "tensor",
@@ -174,15 +174,20 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
             await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
             producer = RolloutProducer(rollout_fn, args, data, buffer)
             if run.mode == "async":
-                producer.start(max_groups=run.async_groups or ((setup.buffer.max_staleness or 0) + 1) * n_groups)
+                # Twice the groups one staleness window trains: with heavy-tailed episodes, 1x leaves
+                # about half the episode slots idle behind slow members (docs/benchmarks.md).
+                window = run.async_groups or 2 * ((setup.buffer.max_staleness or 0) + 1) * n_groups
+                producer.start(max_groups=window)
             try:
                 progress = tqdm(range(start, run.num_rollout), initial=start, total=run.num_rollout, desc="rollout")
                 for step in progress:
                     metrics: dict[str, Any] = {}
                     if run.eval_interval and (step == start or step % run.eval_interval == 0):
                         metrics |= await evaluate(rollout_fn, args, eval_data, step)
+                    skipped = buffer.skipped.copy()
                     with timed(metrics, "time/rollout"):
                         groups = await collect_groups(buffer, producer, n_groups, trainer.weight_version, run.mode)
+                    metrics |= {f"buffer/{name}": float(n - skipped[name]) for name, n in buffer.skipped.items()}
                     samples = [s for g in groups for s in g.samples]
                     metrics |= batch_metrics(samples, trainer.weight_version)
                     with timed(metrics, "time/train"):

@@ -93,6 +93,7 @@ async def test_stale_members_are_regenerated_in_their_group(buf: Buffer, valkey,
     async with Buffer(valkey.url, run_id, BufferConfig(max_staleness=2)) as trainer:
         assert [g.group_id for g in await trainer.take_groups(2, "t", current_version=5)] == ["fresh"]
         assert trainer.groups_skipped == 1  # the producer frees the reopened group's slot
+        assert (trainer.skipped["groups_reopened"], trainer.skipped["members_regenerated"]) == (1, 2)
         stats = await trainer.stats()
         assert (stats.groups_reopened, stats.members_regenerated, stats.regenerate_queued) == (1, 2, 1)
         assert (stats.groups_open, stats.groups_taken, stats.groups_waiting) == (1, 1, 0)

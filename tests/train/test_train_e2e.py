@@ -100,6 +100,23 @@ def test_async_run_respects_the_staleness_bound(tiny_model, prompts, valkey, tmp
     assert len(groups) == len(set(groups)) == 8
 
 
+def test_async_regenerates_stale_members_and_trains_only_current_tokens(tiny_model, prompts, valkey, tmp_path):
+    """Staleness 0: the groups generated alongside the first batch are stale once it is trained;
+    their members are generated again under the same group ids, so every trained token comes
+    from the trainer's current weights."""
+    run_dir = tmp_path / "async-k0"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--mode", "async",
+                      "--max-staleness", "0")  # fmt: skip
+    run_train(argv, tmp_path / "async-k0.log")
+    steps = [r for r in metrics(run_dir) if "train/loss" in r]
+    assert len(steps) == 3
+    assert all(r["rollout/staleness_max"] == 0 and r["train/rollout_logprob_abs_diff_max"] <= 1e-4 for r in steps)
+    assert sum(r["buffer/members_regenerated"] for r in steps) >= 2
+    assert sum(r["buffer/groups_reopened"] for r in steps) >= 1
+    groups = [g for line in ledger(run_dir) for g in line["groups"]]
+    assert len(groups) == len(set(groups)) == 6
+
+
 def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, prompts, valkey, tmp_path):
     run_dir = tmp_path / "resume"
     argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "8", "--save-interval", "2")
