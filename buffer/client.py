@@ -39,7 +39,13 @@ from slimeish.types import Sample
 
 Reward = float | dict[str, Any]
 # BufferStats counters of what a take settles without handing it out.
-SKIP_COUNTERS = ("groups_reopened", "members_regenerated", "groups_dropped_failed", "groups_filtered")
+SKIP_COUNTERS = (
+    "groups_reopened",
+    "members_regenerated",
+    "groups_dropped_stale",
+    "groups_dropped_failed",
+    "groups_filtered",
+)
 _SCRIPTS = ("OPEN_SESSION", "APPEND_TURN", "FINISH_SESSION", "SET_REWARD", "ACK", "GIVE_BACK", "DROP", "REOPEN")
 
 
@@ -290,12 +296,12 @@ class Buffer:
         gids = [fields[b"group"].decode() if fields else None for _, fields in entries]
         pipe = self.redis.pipeline(transaction=False)
         for gid in filter(None, gids):
-            pipe.hget(k.group(gid), "metadata")
+            pipe.hmget(k.group(gid), ["metadata", "reopened"])
             pipe.hgetall(k.members(gid))
         replies = iter(await pipe.execute())
-        loaded = [(gid, orjson.loads(next(replies)), next(replies)) if gid else None for gid in gids]
+        loaded = [(gid, *next(replies), next(replies)) if gid else None for gid in gids]
         sessions = [
-            (int(i), sid.decode()) for item in loaded if item for i, sid in sorted(item[2].items(), key=_by_index)
+            (int(i), sid.decode()) for item in loaded if item for i, sid in sorted(item[3].items(), key=_by_index)
         ]
         pipe = self.redis.pipeline(transaction=False)
         for _, sid in sessions:
@@ -313,9 +319,10 @@ class Buffer:
             if item is None:
                 orphans.append(entry)
                 continue
-            gid, metadata, members = item
+            gid, metadata_json, reopened, members = item
+            metadata = orjson.loads(metadata_json)
             group_members = [_member(*next(members_of), next(replies), next(replies), next(replies)) for _ in members]
-            verdict = judge(gid, group_members, self.config, current_version, self._filter)
+            verdict = judge(gid, group_members, self.config, current_version, self._filter, int(reopened or 0))
             if verdict.keep:
                 kept.append(Group(gid, verdict.samples, metadata, entry))
             elif verdict.state == "reopen":

@@ -24,6 +24,11 @@ class BufferConfig:
         "trainer's current version is never trained on: the group is reopened and that member generated "
         "again (its fresh members are kept); unset = no bound",
     )
+    max_regenerations: int = help_field(
+        3,
+        help="a group reopened this many times for stale members is dropped the next time instead "
+        "(groups_dropped_stale): its episodes outlast the staleness bound, so raise --max-staleness",
+    )
     group_filter_path: str | None = help_field(
         None,
         help=f"import path of a group filter, {FILTER_SIGNATURE}; False drops the group "
@@ -39,5 +44,7 @@ class BufferConfig:
     def __post_init__(self) -> None:
         if self.min_successful < 1:
             raise ValueError(f"min_successful must be >= 1, got {self.min_successful}")
+        if self.max_regenerations < 0:
+            raise ValueError(f"max_regenerations must be >= 0, got {self.max_regenerations}")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")

@@ -53,8 +53,10 @@ def judge(
     config: BufferConfig,
     current_version: int | None,
     group_filter: GroupFilter | None = None,
+    reopened: int = 0,
 ) -> Verdict:
-    """Apply, in order: the failed-member policy, the staleness bound (per member), the filter hook."""
+    """Apply, in order: the failed-member policy, the staleness bound (per member; a group already
+    `reopened` `max_regenerations` times is dropped instead), the filter hook."""
     ok = [m for m in members if m.status is not SessionStatus.FAILED and m.samples]
     failed = len(members) - len(ok)
     if failed and (config.failed_policy == "drop_group" or len(ok) < config.min_successful):
@@ -64,6 +66,8 @@ def judge(
     bound = config.max_staleness
     if bound is not None and current_version is not None:
         stale = [m for m in ok if (v := oldest_version(m.samples)) is not None and current_version - v > bound]
+        if stale and reopened >= config.max_regenerations:
+            return Verdict("dropped_stale", [], oldest)
         if stale:
             return Verdict("reopen", [], oldest, stale)
     if group_filter is not None and not group_filter(group_id, samples):

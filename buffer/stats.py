@@ -21,6 +21,7 @@ class BufferStats:
     groups_dropped_failed: int
     groups_reopened: int  # times a complete group had stale members, which are generated again
     members_regenerated: int  # stale members retired from reopened groups (never trained on)
+    groups_dropped_stale: int  # still stale after max_regenerations reopenings
     groups_filtered: int
     groups_given_back: int  # times a taken group was returned to the queue
     groups_evaluated: int  # complete evaluation groups (stored, never trained)
@@ -54,6 +55,7 @@ async def read_stats(redis: Redis, keys: Keys) -> BufferStats:
         groups_dropped_failed=c.get("groups_dropped_failed", 0),
         groups_reopened=c.get("groups_reopened", 0),
         members_regenerated=c.get("members_regenerated", 0),
+        groups_dropped_stale=c.get("groups_dropped_stale", 0),
         groups_filtered=c.get("groups_filtered", 0),
         groups_given_back=c.get("groups_given_back", 0),
         groups_evaluated=c.get("groups_evaluated", 0),

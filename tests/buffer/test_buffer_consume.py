@@ -126,13 +126,23 @@ async def test_stale_members_are_regenerated_in_their_group(buf: Buffer, valkey,
     assert len(await buf.session_samples("g-0")) == 1
 
 
-async def test_a_fully_stale_group_is_regenerated_whole_under_its_id(buf: Buffer, valkey, run_id):
+async def test_a_fully_stale_group_is_regenerated_whole_then_dropped_if_still_stale(buf: Buffer, valkey, run_id):
     await write_group(buf, "old", version=1)
-    async with Buffer(valkey.url, run_id, BufferConfig(max_staleness=0)) as trainer:
+    async with Buffer(valkey.url, run_id, BufferConfig(max_staleness=0, max_regenerations=1)) as trainer:
         assert await trainer.take_groups(1, "t", current_version=2) == []
         (request,) = await trainer.pop_regenerate()
-    assert (request.group_id, request.indices) == ("old", [0, 1])
-    assert (await buf.stats()).members_regenerated == 2
+        assert (request.group_id, request.indices) == ("old", [0, 1])
+        for index in request.indices:  # the episodes outlast the bound again
+            sid = f"again-{index}"
+            await buf.open_session(SessionInfo(sid, "old", index, 2, {"prompt": "p-old"}))
+            await buf.append_turn(turn(sid, 0, version=2))
+            await buf.finish_session(sid, 1.0, "completed")
+        assert await trainer.take_groups(1, "t", current_version=3) == []
+        assert await trainer.pop_regenerate() == []  # dropped, not queued again
+        assert trainer.skipped["groups_dropped_stale"] == 1 and trainer.groups_skipped == 2
+    stats = await buf.stats()
+    assert (stats.members_regenerated, stats.groups_reopened, stats.groups_dropped_stale) == (2, 1, 1)
+    assert (stats.groups_open, stats.groups_waiting) == (0, 0)
 
 
 async def test_failed_policy_and_filter_by_import_path(valkey, run_id):

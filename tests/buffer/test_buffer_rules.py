@@ -44,6 +44,14 @@ def test_staleness_is_judged_per_member_from_its_oldest_token():
     assert judge("g", group, BufferConfig(), current_version=100).keep  # no bound configured
 
 
+def test_a_group_reopened_max_regenerations_times_is_dropped_when_still_stale():
+    config = BufferConfig(max_staleness=0, max_regenerations=2)
+    group = [member(versions=(1,), index=0), member(versions=(2,), index=1)]
+    assert judge("g", group, config, current_version=2, reopened=1).state == "reopen"
+    assert judge("g", group, config, current_version=2, reopened=2).state == "dropped_stale"
+    assert judge("g", [member(versions=(2,), index=0)], config, current_version=2, reopened=2).keep
+
+
 def test_failed_members_are_not_regenerated():
     config = BufferConfig(max_staleness=0, failed_policy="keep_successful")
     verdict = judge("g", [member(versions=(1,), index=0), member(FAILED, index=1)], config, current_version=2)
@@ -63,3 +71,5 @@ def test_config_rejects_nonsense():
         BufferConfig(min_successful=0)
     with pytest.raises(ValueError, match="max_staleness"):
         BufferConfig(max_staleness=-1)
+    with pytest.raises(ValueError, match="max_regenerations"):
+        BufferConfig(max_regenerations=-1)
