@@ -128,6 +128,7 @@ async def buffer_counts(buffer_url: str, run_id: str) -> dict:
     return {
         "reopened": stats.groups_reopened,
         "regenerated": stats.members_regenerated,
+        "dropped_stale": stats.groups_dropped_stale,
         "dropped_failed": stats.groups_dropped_failed,
     }
 
@@ -199,7 +200,7 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     ]
     diag = [
         "| mode | t_rollout / t_train / t_sync per step (s) | trainer-only samples/s | mean chat turn (s) "
-        "| episodes busy (of C) | long episodes among trained | groups finished / trained / reopened "
+        "| episodes busy (of C) | long episodes among trained | groups finished / trained / reopened / dropped stale "
         "| episodes run / stale members regenerated "
         "| staleness max "
         "| load 1-min before / after | wall incl. start-up (s) |",
@@ -214,7 +215,7 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
         diag.append(
             f"| {r['mode']} | {r['t_rollout']:.2f} / {r['t_train']:.2f} / {r['t_sync']:.2f} | {r['trainer_rate']:.0f} "
             f"| {r['chat_s']:.2f} | {r['busy']:.1f} | {100 * r['long_trained']:.0f} % "
-            f"| {r['groups_done']} / {r['groups_trained']} / {r['reopened']} "
+            f"| {r['groups_done']} / {r['groups_trained']} / {r['reopened']} / {r['dropped_stale']} "
             f"| {r['episodes_run']} / {r['regenerated']} | {r['staleness_max']:.0f} "
             f"| {r['load'][0]:.1f} / {r['load'][1]:.1f} | {r['wall']:.0f} |"
         )
