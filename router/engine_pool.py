@@ -6,6 +6,11 @@ prefix stays in that engine's cache; a request whose engine cannot be reached is
 on another healthy engine (at most `retries` times), and the failed one is ejected until a health
 check re-admits it. An engine that answers with an error or times out fails only that request: a
 poison request or a long generation must not empty the pool.
+
+The client is aiohttp: the router's own cost per turn is mostly this hop, and with many
+connections to one engine httpx spent ~1.1 ms of CPU per request in its connection pool, aiohttp
+~0.08 ms (docs/benchmarks.md). `timeout` bounds connecting and each read, not a whole stream, so
+a long generation is never cut while tokens flow.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 import orjson
 
 log = logging.getLogger(__name__)
@@ -38,11 +43,18 @@ class EngineError(RuntimeError):
         self.status = status
 
 
-# Failures before the engine saw the request (refused, reset, dropped keep-alive): safe to retry.
-UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+# Failures before the engine answered (refused, reset, dropped keep-alive): safe to retry.
+# Timeouts are not among them (aiohttp's read timeout is a ServerConnectionError too): checked first.
+UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+HTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+JSON = {"content-type": "application/json"}
+_CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 
 
-def _check_status(engine: Engine, status: int, text: str) -> None:
+def _check_status(engine: Engine, status: int, content: bytes) -> None:
+    if status < 400:
+        return
+    text = content.decode(errors="replace")
     if status >= 500:
         raise EngineError(502, f"engine {engine.url} answered HTTP {status}: {text[:300]}")
     if status >= 400:
@@ -68,9 +80,10 @@ class Engine:
 
 
 class EnginePool:
-    def __init__(self, client: httpx.AsyncClient, urls: list[str], timeout: float, retries: int = 2):
+    def __init__(self, client: aiohttp.ClientSession, urls: list[str], timeout: float, retries: int = 2):
         self.client = client
         self.timeout = timeout
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         self.retries = retries  # other engines tried after one cannot be reached
         self.engines: dict[str, Engine] = {}
         for url in urls:
@@ -127,21 +140,19 @@ class EnginePool:
             tried.append(engine.url)
             engine.inflight += 1
             try:
-                response = await self.client.post(
-                    engine.url + "/generate",
-                    content=body,
-                    headers={"content-type": "application/json"},
-                    timeout=self.timeout,
-                )
-            except UNREACHABLE as e:
+                async with self.client.post(
+                    engine.url + "/generate", data=body, headers=JSON, timeout=self._timeout
+                ) as response:
+                    content = await response.read()
+            except HTTP_ERRORS as e:
+                if isinstance(e, asyncio.TimeoutError) or not isinstance(e, UNREACHABLE):
+                    raise self._failed(engine, e) from e
                 self._eject(engine, repr(e))
                 continue
-            except httpx.TransportError as e:
-                raise self._failed(engine, e) from e
             finally:
                 engine.inflight -= 1
-            _check_status(engine, response.status_code, response.text)
-            data = orjson.loads(response.content)
+            _check_status(engine, response.status, content)
+            data = orjson.loads(content)
             first = data[0] if isinstance(data, list) and data else data
             engine.weight_version = first.get("meta_info", {}).get("weight_version", engine.weight_version)
             return data, engine
@@ -158,31 +169,31 @@ class EnginePool:
             engine.inflight += 1
             started = False
             try:
-                async with self.client.stream(
-                    "POST", engine.url + "/generate", content=body, headers={"content-type": "application/json"},
-                    timeout=self.timeout,
-                ) as response:  # fmt: skip
-                    if response.status_code >= 400:
-                        _check_status(engine, response.status_code, (await response.aread()).decode(errors="replace"))
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                async with self.client.post(
+                    engine.url + "/generate", data=body, headers=JSON, timeout=self._timeout
+                ) as response:
+                    if response.status >= 400:
+                        _check_status(engine, response.status, await response.read())
+                    async for raw in response.content:  # one SSE line at a time
+                        line = raw.strip()
+                        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                             continue
                         started = True
                         yield orjson.loads(line[5:]), engine
                     return
-            except httpx.TransportError as e:
+            except HTTP_ERRORS as e:
                 if started:
                     raise EngineFailedMidStream(f"engine {engine.url} failed mid-stream: {e!r}") from e
-                if not isinstance(e, UNREACHABLE):
+                if isinstance(e, asyncio.TimeoutError) or not isinstance(e, UNREACHABLE):
                     raise self._failed(engine, e) from e
                 self._eject(engine, repr(e))
             finally:
                 engine.inflight -= 1
         raise NoEngineError(f"no engine could be reached (tried {', '.join(tried)})")
 
-    def _failed(self, engine: Engine, e: httpx.TransportError) -> EngineError:
+    def _failed(self, engine: Engine, e: BaseException) -> EngineError:
         """A request that reached the engine and then failed: the engine stays (health checks decide)."""
-        if isinstance(e, httpx.TimeoutException):
+        if isinstance(e, asyncio.TimeoutError):
             return EngineError(504, f"engine {engine.url} did not answer within {self.timeout:g} s")
         return EngineError(502, f"engine {engine.url} failed: {type(e).__name__}")
 
@@ -195,10 +206,11 @@ class EnginePool:
 
     async def _check(self, engine: Engine) -> None:
         try:
-            ok = (await self.client.get(engine.url + "/health", timeout=5.0)).status_code == 200
+            async with self.client.get(engine.url + "/health", timeout=_CHECK_TIMEOUT) as response:
+                ok = response.status == 200
             if ok and not engine.version_checked:
                 await self._check_version(engine)
-        except httpx.HTTPError:
+        except HTTP_ERRORS:
             ok = False
         ok = ok and engine.refused is None
         if ok != engine.healthy:
@@ -208,11 +220,12 @@ class EnginePool:
     async def _check_version(self, engine: Engine) -> None:
         """Turns record integer weight versions: refuse an engine reporting another kind (SGLang's
         default is "default"). An engine without /model_info (a router in front) is trusted."""
-        response = await self.client.get(engine.url + "/model_info", timeout=5.0)
+        async with self.client.get(engine.url + "/model_info", timeout=_CHECK_TIMEOUT) as response:
+            status, content = response.status, await response.read()
         engine.version_checked = True
         try:
-            info = response.json() if response.status_code == 200 else None
-        except ValueError:
+            info = orjson.loads(content) if status == 200 else None
+        except orjson.JSONDecodeError:
             return
         version = info.get("weight_version") if isinstance(info, dict) else None
         if version is None:
@@ -240,12 +253,15 @@ class EnginePool:
 
     async def _post(self, engine: Engine, path: str, body: dict | None) -> dict:
         try:
-            response = await self.client.post(engine.url + path, json=body or {}, timeout=self.timeout)
-        except httpx.HTTPError as e:
+            payload = orjson.dumps(body or {})
+            url = engine.url + path
+            async with self.client.post(url, data=payload, headers=JSON, timeout=self._timeout) as response:
+                status, content = response.status, await response.read()
+        except HTTP_ERRORS as e:
             return {"url": engine.url, "ok": False, "error": repr(e)}
-        result: dict = {"url": engine.url, "ok": response.status_code == 200, "status_code": response.status_code}
-        with contextlib.suppress(ValueError):
-            result["response"] = response.json()
+        result: dict = {"url": engine.url, "ok": status == 200, "status_code": status}
+        with contextlib.suppress(orjson.JSONDecodeError):
+            result["response"] = orjson.loads(content)
         if isinstance(result.get("response"), dict) and result["response"].get("success") is False:
             result["ok"] = False  # SGLang answers 200 with success=false for some failed updates
         return result
@@ -254,7 +270,7 @@ class EnginePool:
         async def one(engine: Engine) -> str | None:
             try:  # the same reading and integer check as on admission
                 await self._check_version(engine)
-            except httpx.HTTPError:
+            except HTTP_ERRORS:
                 return None
             return engine.weight_version
 

@@ -166,7 +166,8 @@ class SamplingFields(BaseModel):
 
 
 class ChatRequest(SamplingFields):
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    # Checked message by message (validate_messages): only the new ones on a turn that extends the last.
+    messages: list[Any] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True

@@ -10,7 +10,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 
-import httpx
+import aiohttp
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +42,7 @@ async def open_store(config: RouterConfig) -> TurnStore:
     return await BufferStore.connect(config.buffer_url, config.run_id)
 
 
-def _build_state(config: RouterConfig, store: TurnStore, client: httpx.AsyncClient) -> RouterState:
+def _build_state(config: RouterConfig, store: TurnStore, client: aiohttp.ClientSession) -> RouterState:
     renderer = ChatRenderer(config.model)
     metrics = RouterMetrics()
     pool = EnginePool(client, config.engine, timeout=config.request_timeout, retries=config.engine_retries)
@@ -65,8 +65,8 @@ def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Drop idle engine connections well before engines close them (75 s), never racing a close.
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024, keepalive_expiry=30)
-        async with httpx.AsyncClient(limits=limits, timeout=config.request_timeout) as client:
+        connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=30)
+        async with aiohttp.ClientSession(connector=connector) as client:
             state = _build_state(config, store or await open_store(config), client)
             app.state.router = state
             await state.pool.check_health()

@@ -1,67 +1,110 @@
 """EnginePool placement, ejection, retries and re-admission.
 
-`httpx.MockTransport` replaces the engines' HTTP servers here, so that each failure mode (refused
-connection, 5xx, 4xx, health flapping) can be produced on demand; real engines are covered in
-test_engine_pool.py.
+Three real loopback HTTP servers (aiohttp.web) stand in for engines a, b and c; each one's
+behaviour is switched on demand, so every failure mode is a real one: a closed port (refused),
+a connection closed before the answer, an answer slower than the timeout, 5xx and 4xx. Real
+engines are covered in test_engine_pool.py.
 """
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+
+import aiohttp
 import pytest
+from aiohttp import web
 
 from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError
+from slimeish.procs import free_port
 
 OK = {"text": "", "output_ids": [1], "meta_info": {"weight_version": "4", "output_token_logprobs": [[-1.0, 1, None]]}}
+TIMEOUT = 0.5
 
 
-def pool_with(behaviour: dict[str, str]) -> tuple[EnginePool, list[str]]:
-    """Engines a, b, c; `behaviour[host]` is "ok", "down" (connection refused), "reset" (closed before
-    answering), "slow" (read timeout), "500" or "400"."""
-    calls: list[str] = []
+class Engines:
+    """Engines a, b, c; `await set(name, mode)` with mode "ok", "down" (nothing listens: refused),
+    "reset" (the connection is closed before an answer), "slow" (answers after the timeout),
+    "500" or "400". `calls` lists the requests that reached a server, as "<name><path>"."""
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        calls.append(f"{host}{request.url.path}")
-        mode = behaviour.get(host, "ok")
-        if mode == "down":
-            raise httpx.ConnectError("refused", request=request)
+    def __init__(self) -> None:
+        self.modes: dict[str, str] = {}
+        self.calls: list[str] = []
+        self.ports = {name: free_port() for name in "abc"}
+        self.runners: dict[str, web.AppRunner] = {}
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    async def set(self, name: str, mode: str) -> None:
+        self.modes[name] = mode
+        if mode == "down" and name in self.runners:
+            await self.runners.pop(name).cleanup()
+        elif mode != "down" and name not in self.runners:
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", lambda request, name=name: self.handle(name, request))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.ports[name]).start()
+            self.runners[name] = runner
+
+    async def handle(self, name: str, request: web.Request) -> web.StreamResponse:
+        self.calls.append(f"{name}{request.path}")
+        mode = self.modes[name]
         if mode == "reset":
-            raise httpx.RemoteProtocolError("server disconnected without sending a response", request=request)
+            request.transport.close()
+            return web.Response()
         if mode == "slow":
-            raise httpx.ReadTimeout("timed out", request=request)
+            await asyncio.sleep(TIMEOUT * 4)
         if mode in ("500", "400"):
-            return httpx.Response(int(mode), text="nope")
-        return httpx.Response(200, json=OK if request.url.path == "/generate" else {})
+            return web.Response(status=int(mode), text="nope")
+        return web.json_response(OK if request.path == "/generate" else {})
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
-    return EnginePool(client, ["http://a", "http://b", "http://c"], timeout=5), calls
+    async def close(self) -> None:
+        for runner in self.runners.values():
+            await runner.cleanup()
 
 
-async def test_sticky_then_least_loaded():
-    pool, _ = pool_with({})
-    pool.engines["http://a"].inflight = 3
-    pool.engines["http://b"].sessions = 1
-    assert pool.pick(None).url == "http://c"
-    assert pool.pick("http://a").url == "http://a"  # sticky while healthy, even if busier
-    pool.engines["http://a"].healthy = False
-    assert pool.pick("http://a").url == "http://c"
+@pytest.fixture
+async def engines():
+    engines = Engines()
+    for name in "abc":
+        await engines.set(name, "ok")
+    yield engines
+    await engines.close()
+
+
+@pytest.fixture
+async def pool(engines):
+    async with aiohttp.ClientSession() as client:
+        yield EnginePool(client, [engines.url(n) for n in "abc"], timeout=TIMEOUT)
+
+
+async def test_sticky_then_least_loaded(engines, pool):
+    a, b, c = (engines.url(n) for n in "abc")
+    pool.engines[a].inflight = 3
+    pool.engines[b].sessions = 1
+    assert pool.pick(None).url == c
+    assert pool.pick(a).url == a  # sticky while healthy, even if busier
+    pool.engines[a].healthy = False
+    assert pool.pick(a).url == c
 
 
 @pytest.mark.parametrize("failure", ["down", "reset"])
-async def test_unreachable_engine_is_ejected_and_the_request_retried(failure):
-    pool, calls = pool_with({"a": failure})
-    data, engine = await pool.generate({"input_ids": [1]}, sticky="http://a")
-    assert engine.url != "http://a" and data == OK and engine.weight_version == "4"
-    assert calls[0] == "a/generate" and not pool.engines["http://a"].healthy
+async def test_unreachable_engine_is_ejected_and_the_request_retried(engines, pool, failure):
+    await engines.set("a", failure)
+    data, engine = await pool.generate({"input_ids": [1]}, sticky=engines.url("a"))
+    assert engine.url != engines.url("a") and data == OK and engine.weight_version == "4"
+    assert not pool.engines[engines.url("a")].healthy
+    assert engines.calls[-1].endswith("/generate") and len(engines.calls) == (2 if failure == "reset" else 1)
     assert all(e.inflight == 0 for e in pool.engines.values())
 
 
 @pytest.mark.parametrize(("failure", "status"), [("500", 502), ("slow", 504)])
 @pytest.mark.parametrize("stream", [False, True])
-async def test_an_error_answer_fails_only_that_request(failure, status, stream):
+async def test_an_error_answer_fails_only_that_request(engines, pool, failure, status, stream):
     """A poison request (5xx) or a long generation (read timeout) must not empty the pool."""
-    pool, calls = pool_with({"a": failure, "b": failure, "c": failure})
+    for name in "abc":
+        await engines.set(name, failure)
     for _ in range(3):
         with pytest.raises(EngineError) as e:
             if stream:
@@ -69,43 +112,57 @@ async def test_an_error_answer_fails_only_that_request(failure, status, stream):
             else:
                 await pool.generate({"input_ids": [1]}, sticky=None)
         assert e.value.status == status
-    assert len(calls) == 3  # never retried on another engine
+    assert len(engines.calls) == 3  # never retried on another engine
     assert all(e.healthy and e.inflight == 0 for e in pool.engines.values())
 
 
-async def test_retries_are_capped():
-    pool, calls = pool_with({"a": "down", "b": "down", "c": "down"})
-    pool.engines["http://d"] = type(pool.engines["http://a"])("http://d")
+async def test_streamed_chunks_arrive_in_order(engines, pool):
+    async def sse(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(3):
+            await response.write(f'data: {{"i": {i}}}\n\n'.encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    engines.handle = lambda name, request: sse(request)
+    chunks = [chunk async for chunk, _ in pool.stream({"input_ids": [1]}, sticky=engines.url("b"))]
+    assert chunks == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+async def test_retries_are_capped(engines, pool):
+    for name in "abc":
+        await engines.set(name, "down")
     pool.retries = 1
     with pytest.raises(NoEngineError, match="could be reached"):
         await pool.generate({"input_ids": [1]}, sticky=None)
-    assert len(calls) == 2 and sum(e.healthy for e in pool.engines.values()) == 2
+    assert sum(e.healthy for e in pool.engines.values()) == 1  # two tried and ejected, one never tried
 
 
-async def test_bad_request_is_not_retried():
-    pool, calls = pool_with({"a": "400"})
-    with pytest.raises(EngineRejected):
-        await pool.generate({"input_ids": [1]}, sticky="http://a")
-    assert calls == ["a/generate"] and pool.engines["http://a"].healthy
+async def test_bad_request_is_not_retried(engines, pool):
+    await engines.set("a", "400")
+    with pytest.raises(EngineRejected, match="nope"):
+        await pool.generate({"input_ids": [1]}, sticky=engines.url("a"))
+    assert engines.calls == ["a/generate"] and pool.engines[engines.url("a")].healthy
 
 
-async def test_no_engine_left():
-    pool, _ = pool_with({"a": "down", "b": "down", "c": "down"})
+async def test_no_engine_left(engines, pool):
+    for name in "abc":
+        await engines.set(name, "down")
     with pytest.raises(NoEngineError):
         await pool.generate({"input_ids": [1]}, sticky=None)
 
 
-async def test_health_checks_eject_and_readmit():
-    behaviour = {"b": "down"}
-    pool, _ = pool_with(behaviour)
+async def test_health_checks_eject_and_readmit(engines, pool):
+    await engines.set("b", "down")
     await pool.check_health()
     assert [e.healthy for e in pool.engines.values()] == [True, False, True]
-    behaviour["b"] = "ok"
+    await engines.set("b", "ok")
     await pool.check_health()
-    assert pool.engines["http://b"].healthy
+    assert pool.engines[engines.url("b")].healthy
 
 
-async def test_broadcast_reports_each_engine():
-    pool, _ = pool_with({"c": "down"})
+async def test_broadcast_reports_each_engine(engines, pool):
+    await engines.set("c", "down")
     results = await pool.broadcast("/flush_cache", None)
-    assert [(r["url"], r["ok"]) for r in results] == [("http://a", True), ("http://b", True), ("http://c", False)]
+    assert [(r["url"], r["ok"]) for r in results] == [(engines.url(n), n != "c") for n in "abc"]
