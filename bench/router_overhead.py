@@ -8,7 +8,9 @@ are measured. Three paths reach it:
   chat     client -> slimeish /v1/chat/completions -> stand-in (render, capture, OpenAI reply)
 Each session runs multi-turn episodes: every turn sends the previous tokens (or messages) plus a
 short new user message. Run by hand:  .venv/bin/python bench/router_overhead.py
-The client, the router and the stand-in share the machine's cores; the numbers include that.
+The client, the router and the stand-in share the machine's cores; the numbers include that. The
+load generator is aiohttp, whose cost per request is small (httpx's is ~1.1 ms of CPU with many
+connections, which alone saturated a 2-core machine at 256 sessions).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import os
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -24,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 import orjson
 
 from slimeish.procs import ManagedProcess, free_port, wait_http
@@ -103,16 +106,35 @@ class Stack:
             proc.stop()
 
 
+JSON = {"content-type": "application/json"}
+
+
+async def post_json(client: aiohttp.ClientSession, url: str, body: dict) -> dict:
+    async with client.post(url, data=orjson.dumps(body), headers=JSON) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url} answered {r.status}: {(await r.read())[:300]!r}")
+        return orjson.loads(await r.read())
+
+
+def new_client(connections: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections), timeout=aiohttp.ClientTimeout(total=120)
+    )
+
+
 async def session_urls(stack: Stack, path: str, n: int) -> list[str]:
-    async with httpx.AsyncClient() as client:
-        sessions = [(await client.post(stack.router + "/sessions", json={})).json() for _ in range(n)]
+    async with new_client(8) as client:
+        sessions = [await post_json(client, stack.router + "/sessions", {}) for _ in range(n)]
     if path == "token-in":
         return [f"{stack.router}/s/{s['api_key']}/generate" for s in sessions]
     return [s["base_url"] + "/chat/completions" for s in sessions]
 
 
-async def run_load(stack: Stack, path: str, concurrency: int, turns: int) -> dict:
-    """`concurrency` sessions, each an episode of `turns` turns, all at once."""
+async def run_load(stack: Stack, path: str, concurrency: int, turns: int, think_s: float = 0.0) -> dict:
+    """`concurrency` sessions, each an episode of `turns` turns, all at once. With `think_s`, each
+    session pauses that long after every answer (the agent's own work, or the generation time the
+    instant stand-in leaves out) and starts at a random offset within one pause, so requests
+    arrive spread out as from independent agents instead of in lockstep waves."""
     if path in ("direct", "smg"):
         base = stack.standin if path == "direct" else stack.smg
         urls = [base + "/generate"] * concurrency
@@ -121,13 +143,14 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int) -> dic
     lat: list[float] = []
 
     async def session(step) -> None:
+        await asyncio.sleep(random.uniform(0, think_s))
         for _ in range(turns):
             t0 = time.perf_counter()
             await step(client)
             lat.append(time.perf_counter() - t0)
+            await asyncio.sleep(think_s)
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+    async with new_client(concurrency) as client:
         t0, cpu0 = time.perf_counter(), cpu_seconds(stack.router_pid)
         await asyncio.gather(*(session(_stepper(path, url)) for url in urls))
         wall, cpu = time.perf_counter() - t0, cpu_seconds(stack.router_pid) - cpu0
@@ -135,6 +158,7 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int) -> dic
     return {
         "path": path,
         "concurrency": concurrency,
+        "think_ms": 1000 * think_s,
         "requests": len(lat),
         "rps": len(lat) / wall,
         "p50_ms": 1000 * lat[len(lat) // 2],
@@ -149,24 +173,24 @@ def cpu_seconds(pid: int) -> float:
     return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks.iterdir()) / 1e9
 
 
-async def turn_costs(stack: Stack, path: str, sessions: int, turns: int) -> tuple[float, float, float, float]:
-    """Router CPU time per turn and client latency, at turn 1 and at turn `turns` of long episodes.
+async def turn_costs(stack: Stack, path: str, sessions: int, turns: int) -> tuple[list[float], list[float]]:
+    """Router CPU time and median client latency (ms) of every turn of long episodes.
 
     `sessions` episodes advance in lockstep, one request at a time; the router process's CPU time
-    is read around the first and the last turn, so other load on the machine does not count."""
+    is read around each turn, so other load on the machine does not count."""
     urls = await session_urls(stack, path, sessions)
     steppers = [_stepper(path, url) for url in urls]
-    cpu, wall = {}, {}
-    async with httpx.AsyncClient(timeout=120) as client:
-        for turn in range(turns):
+    cpu, wall = [], []
+    async with new_client(8) as client:
+        for _ in range(turns):
             c0, lat = cpu_seconds(stack.router_pid), []
             for step in steppers:
                 t0 = time.perf_counter()
                 await step(client)
                 lat.append(time.perf_counter() - t0)
-            cpu[turn], wall[turn] = (cpu_seconds(stack.router_pid) - c0) / sessions, statistics.median(lat)
-    last = turns - 1
-    return 1e3 * cpu[0], 1e3 * cpu[last], 1e3 * wall[0], 1e3 * wall[last]
+            cpu.append(1e3 * (cpu_seconds(stack.router_pid) - c0) / sessions)
+            wall.append(1e3 * statistics.median(lat))
+    return cpu, wall
 
 
 def _stepper(path: str, url: str):
@@ -174,14 +198,14 @@ def _stepper(path: str, url: str):
     ids = list(USER_TAIL)
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count with me"}]
 
-    async def step(client: httpx.AsyncClient) -> None:
+    async def step(client: aiohttp.ClientSession) -> None:
         nonlocal ids
         if path == "chat":
-            r = await client.post(url, json={"model": "m", "messages": messages, "max_tokens": OUTPUT_LEN})
-            messages.extend([r.json()["choices"][0]["message"], {"role": "user", "content": f"and {len(messages)}"}])
+            r = await post_json(client, url, {"model": "m", "messages": messages, "max_tokens": OUTPUT_LEN})
+            messages.extend([r["choices"][0]["message"], {"role": "user", "content": f"and {len(messages)}"}])
         else:
-            r = await client.post(url, json={"input_ids": ids, "sampling_params": {"max_new_tokens": OUTPUT_LEN}})
-            ids = ids + r.json()["output_ids"] + USER_TAIL
+            r = await post_json(client, url, {"input_ids": ids, "sampling_params": {"max_new_tokens": OUTPUT_LEN}})
+            ids = ids + r["output_ids"] + USER_TAIL
 
     return step
 
@@ -206,19 +230,29 @@ async def bench(args: argparse.Namespace, stack: Stack) -> str:
     for concurrency in args.concurrency:
         for path in ("direct", "smg", "token-in", "chat"):
             await run_load(stack, path, concurrency, 2)  # warm-up (connections, caches)
-            row = await run_load(stack, path, concurrency, args.turns)
+            row = await run_load(stack, path, concurrency, args.turns, args.think_ms / 1000)
             rows.append(row)
             direct.setdefault(concurrency, row)
             print(row, flush=True)
-    lines = [table(rows, direct), "", f"Per-turn cost over {args.sessions} episodes of {args.long_turns} turns:", ""]
+    lines = [table(rows, direct)]
+    if args.no_long:
+        return lines[0]
+    lines += ["", f"Per-turn cost over {args.sessions} episodes of {args.long_turns} turns:", ""]
+    # A single turn's CPU reading is noisy (a garbage collection, a health check): later turns are
+    # the median of the last five. Turn 1 renders the whole conversation, later turns only the tail.
+    late = f"turns {args.long_turns - 4}-{args.long_turns} (median)"
     lines += [
-        f"| path | router CPU ms/turn, turn 1 | turn {args.long_turns} | ratio "
-        f"| client latency ms, turn 1 | turn {args.long_turns} |",
-        "|" + "---|" * 6,
+        f"| path | router CPU ms, turn 1 | turns 2-6 (median) | {late} | ratio {late.split(' (')[0]} / turn 1 "
+        f"| client latency ms, turn 1 | {late} |",
+        "|" + "---|" * 7,
     ]
     for path in ("token-in", "chat"):
-        cpu1, cpu_n, wall1, wall_n = await turn_costs(stack, path, args.sessions, args.long_turns)
-        lines.append(f"| {path} | {cpu1:.2f} | {cpu_n:.2f} | {cpu_n / cpu1:.2f}x | {wall1:.2f} | {wall_n:.2f} |")
+        cpu, wall = await turn_costs(stack, path, args.sessions, args.long_turns)
+        early, last = statistics.median(cpu[1:6]), statistics.median(cpu[-5:])
+        lines.append(
+            f"| {path} | {cpu[0]:.2f} | {early:.2f} | {last:.2f} | {last / cpu[0]:.2f}x "
+            f"| {wall[0]:.2f} | {statistics.median(wall[-5:]):.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -227,6 +261,11 @@ def main() -> None:
     parser.add_argument("--serve-standin", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--turns", type=int, default=8, help="turns per session in the load test")
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0,
+        help="pause of each session after every answer (0: a closed loop, each session sends its next turn at once)",
+    )  # fmt: skip
+    parser.add_argument("--no-long", action="store_true", help="skip the per-turn cost of long episodes")
     parser.add_argument("--long-turns", type=int, default=100, help="turns of the long episode")
     parser.add_argument("--sessions", type=int, default=40, help="long episodes run in lockstep")
     args = parser.parse_args()
@@ -243,7 +282,7 @@ def main() -> None:
             stack.stop()
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the end, Python "
-          f"{platform.python_version()}\n\n{report}")  # fmt: skip
+          f"{platform.python_version()}; think time {args.think_ms:g} ms\n\n{report}")  # fmt: skip
 
 
 if __name__ == "__main__":
