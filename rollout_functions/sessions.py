@@ -62,7 +62,8 @@ class RouterSessions:
         trainable: bool = True,
         sampling_defaults: dict[str, Any] | None = None,
     ) -> Session:
-        """`sampling_defaults` (`temperature`, `top_p`, `top_k`) fill what the session's turns leave out."""
+        """`sampling_defaults` (SGLang names: `temperature`, `top_p`, `top_k`, `max_new_tokens`, `stop`) fill
+        what the session's turns leave out."""
         body = {"group_id": group_id, "index": index, "group_size": group_size, "metadata": metadata}
         body |= {"trainable": trainable, "sampling_defaults": sampling_defaults or {}}
         r = await self.client.post(f"{self.router_url}/sessions", json=body, headers=self.headers)
@@ -97,10 +98,9 @@ _EVAL_NONCE = uuid.uuid4().hex[:8]
 
 
 def session_sampling(args: Any, evaluation: bool) -> dict[str, Any]:
-    """The rollout's temperature (eval's when evaluating), top-p and top-k, for the turns an agent
-    sends without them; token-in sends them all, so they change nothing there."""
-    params = sampling_params(args, evaluation=evaluation)
-    return {k: params[k] for k in ("temperature", "top_p", "top_k")}
+    """The rollout's sampling (eval's temperature when evaluating), max new tokens per turn and stop
+    strings, for the turns an agent sends without them; token-in sends them all itself."""
+    return sampling_params(args, evaluation=evaluation)
 
 
 class EpisodeSlots:

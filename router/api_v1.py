@@ -109,7 +109,10 @@ def sampling_params(
     state: RouterState, session: Session | None, req: SamplingFields, max_tokens: int | None, prompt_len: int
 ) -> dict:
     """SGLang sampling params: the request's, else the session's defaults (else the engine's); the
-    context check gives OpenAI's `context_length_exceeded`."""
+    context check of an explicit `max_tokens` gives OpenAI's `context_length_exceeded`, a default
+    budget is capped by the room left."""
+    defaults = dict(session.sampling_defaults) if session else {}
+    budget = defaults.pop("max_new_tokens", None) or state.config.default_max_tokens
     room = state.context_length - prompt_len
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         raise APIError(
@@ -119,8 +122,7 @@ def sampling_params(
             param="messages",
             code="context_length_exceeded",
         )
-    params: dict[str, Any] = {"max_new_tokens": max_tokens or min(room, state.config.default_max_tokens), "n": req.n}
-    params |= session.sampling_defaults if session else {}
+    params: dict[str, Any] = {"max_new_tokens": max_tokens or min(room, budget), "n": req.n} | defaults
     params |= req.model_dump(include={"temperature", "top_p", "top_k"}, exclude_none=True)
     if req.stop:
         params["stop"] = req.stop_list()

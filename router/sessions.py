@@ -27,6 +27,8 @@ class SamplingDefaults(BaseModel):
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: TopK | None = None
+    max_new_tokens: int | None = Field(None, ge=1)  # a turn's budget when it sets no max_tokens (capped by the context)
+    stop: list[str] | None = None
 
 
 class CreateSession(BaseModel):

@@ -96,7 +96,8 @@ def test_sessions_carry_the_rollout_sampling_for_the_agent(router, evaluation, t
     prompts = [Sample(prompt="What is 4 plus 5?", label=9)]
     generate_rollout(args, 0, DataSource(prompts, 2, shuffle=False), evaluation=evaluation)
     defaults = [s["create"]["sampling_defaults"] for s in router.sessions.values()]
-    assert defaults == [{"temperature": temperature, "top_p": 0.9, "top_k": 20}] * 2
+    budget = args.rollout_max_response_len
+    assert defaults == [{"temperature": temperature, "top_p": 0.9, "top_k": 20, "max_new_tokens": budget}] * 2
     assert all("temperature" not in body for _, body in router.requests)  # the session, not the agent, sets it
 
 

@@ -12,7 +12,8 @@ import pytest
 from rollout_functions.sessions import Session, http_client, run_groups
 from slimeish.rollout import RolloutConfig
 from slimeish.types import Sample
-from tests.router.conftest import ADMIN_TOKEN
+from tests.router.conftest import ADMIN_TOKEN, recording_proxy
+from tests.stand_in import serve_app
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 DEFAULTS = {"temperature": 0.0, "top_p": 0.5, "top_k": 3}
@@ -48,6 +49,34 @@ def test_an_explicit_value_wins_over_the_default(router_app):
     assert engine_sampling(router_app) == {"temperature": 0.7, "top_p": 0.5, "top_k": 3}
 
 
+def test_a_default_budget_and_stop_strings_reach_turns_without_them(router_app):
+    s = router_app.new_session(sampling_defaults={"max_new_tokens": 3, "stop": ["\n\n"]})
+    no_budget = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+    httpx.post(s["base_url"] + "/chat/completions", json=no_budget).raise_for_status()
+    sent = router_app.engine_log[-1][0]["sampling_params"]
+    assert (sent["max_new_tokens"], sent["stop"]) == (3, ["\n\n"])
+    httpx.post(s["base_url"] + "/chat/completions", json={**CHAT, "stop": "END"}).raise_for_status()
+    sent = router_app.engine_log[-1][0]["sampling_params"]
+    assert (sent["max_new_tokens"], sent["stop"]) == (2, ["END"])  # the request's own values win
+    body = {"input_ids": [1, 2, 3], "sampling_params": {}}
+    httpx.post(s["base_url"].removesuffix("/v1") + "/generate", json=body).raise_for_status()
+    sent = router_app.engine_log[-1][0]["sampling_params"]
+    assert (sent["max_new_tokens"], sent["stop"]) == (3, ["\n\n"])
+
+
+def test_a_default_budget_is_capped_by_the_context_not_refused(router_factory, engine_url):
+    log: list = []
+    with serve_app(recording_proxy(engine_url, log), startup_timeout=30) as proxy:
+        router = router_factory([proxy], context_length=48)
+        s = router.new_session(sampling_defaults={"max_new_tokens": 10**6})
+        no_budget = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+        httpx.post(s["base_url"] + "/chat/completions", json=no_budget).raise_for_status()
+        sent = log[-1][0]
+        assert sent["sampling_params"]["max_new_tokens"] + len(sent["input_ids"]) == 48
+        r = httpx.post(s["base_url"] + "/chat/completions", json={**CHAT, "max_tokens": 10**6})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
 def test_without_defaults_the_engine_decides(router_app):
     s = router_app.new_session()
     httpx.post(s["base_url"] + "/chat/completions", json=CHAT).raise_for_status()
@@ -70,6 +99,8 @@ BAD_DEFAULTS = {
     "top_k zero": ({"top_k": 0}, "sampling_defaults.top_k"),
     "top_k float": ({"top_k": 2.5}, "sampling_defaults.top_k"),
     "unknown field": ({"max_tokens": 8}, "sampling_defaults.max_tokens"),
+    "zero budget": ({"max_new_tokens": 0}, "sampling_defaults.max_new_tokens"),
+    "stop as text": ({"stop": "END"}, "sampling_defaults.stop"),
     "not an object": ("greedy", "sampling_defaults"),
 }
 
@@ -94,11 +125,14 @@ def test_a_chat_top_k_is_checked_like_the_default(router_app):
 def test_a_rollout_sets_its_sessions_sampling(router_app, evaluation, temperature):
     """`run_groups` opens each session with the rollout's sampling: an agent that sends none samples
     at the eval temperature when evaluating, the rollout temperature otherwise."""
-    cfg = RolloutConfig(rollout_temperature=0.8, eval_temperature=0.0, rollout_top_p=0.9, rollout_top_k=20)
+    cfg = RolloutConfig(
+        rollout_temperature=0.8, eval_temperature=0.0, rollout_top_p=0.9, rollout_top_k=20,
+        rollout_max_response_len=5, rollout_stop=["Observation:"], n_samples_per_prompt=1,
+    )  # fmt: skip
     args = SimpleNamespace(**dataclasses.asdict(cfg), router_url=router_app.url, admin_token=ADMIN_TOKEN)
 
     async def episode(session: Session, sample: Sample) -> Sample:
-        r = await http_client().post(session.base_url + "/chat/completions", json=CHAT)
+        r = await http_client().post(session.base_url + "/chat/completions", json={**CHAT, "max_tokens": None})
         r.raise_for_status()
         sample.reward, sample.status = 1.0, Sample.Status.COMPLETED
         return sample
@@ -107,3 +141,5 @@ def test_a_rollout_sets_its_sessions_sampling(router_app, evaluation, temperatur
     ((sample,),) = asyncio.run(run_groups(args, groups, episode, rollout_id=0, evaluation=evaluation))
     assert sample.status != Sample.Status.FAILED, sample.metadata
     assert engine_sampling(router_app) == {"temperature": temperature, "top_p": 0.9, "top_k": 20}
+    sent = router_app.engine_log[-1][0]["sampling_params"]
+    assert (sent["max_new_tokens"], sent["stop"]) == (5, ["Observation:"])
