@@ -46,7 +46,17 @@ SKIP_COUNTERS = (
     "groups_dropped_failed",
     "groups_filtered",
 )
-_SCRIPTS = ("OPEN_SESSION", "APPEND_TURN", "FINISH_SESSION", "SET_REWARD", "ACK", "GIVE_BACK", "DROP", "REOPEN")
+_SCRIPTS = (
+    "OPEN_SESSION",
+    "APPEND_TURN",
+    "FINISH_SESSION",
+    "SET_REWARD",
+    "ACK",
+    "GIVE_BACK",
+    "DROP",
+    "REOPEN",
+    "RECOVER",
+)
 
 
 def _json(value: Any, what: str) -> bytes:
@@ -376,6 +386,36 @@ class Buffer:
         await self._ensure_consumer_group()
         keys = [self.keys.ready, self.keys.stats, *(self.keys.group(gid) for gid in group_ids)]
         return await self._run(name, keys, [CONSUMER_GROUP, time.time(), *group_ids])
+
+    async def recover_open_groups(self) -> list[RegenerateRequest]:
+        """Queue again whatever the rollout side was generating when it died; call it on resume,
+        before any rollout runs.
+
+        Every open training group gets one request for its places that can no longer be filled:
+        indices no session holds (a regeneration popped by the dead process) and sessions still
+        open (their agents died; they are closed as aborted and retired). Finished members are
+        kept. The queue is rebuilt from the groups themselves, so no request is lost or doubled."""
+        k = self.keys
+        await self.redis.delete(k.regenerate)
+        group_ids = [k.group_id_from_key(key.decode()) async for key in self.redis.scan_iter(match=k.groups_pattern())]
+        pipe = self.redis.pipeline(transaction=False)
+        for gid in group_ids:
+            pipe.hmget(k.group(gid), ["state", "trainable", "metadata"])
+            pipe.hgetall(k.members(gid))
+        replies = iter(await pipe.execute())
+        requests = []
+        for gid in group_ids:
+            (state, trainable, metadata), members = next(replies), next(replies)
+            if state != b"open" or trainable == b"0":
+                continue
+            held = sorted((int(i), sid.decode()) for i, sid in members.items())
+            keys = [k.group(gid), k.members(gid), k.stats, *(k.session(sid) for _, sid in held)]
+            free = await self._run("RECOVER", keys, [time.time(), *(x for pair in held for x in pair)])
+            if free:
+                requests.append(RegenerateRequest(gid, orjson.loads(metadata), [int(i) for i in free], None, None))
+        if requests:
+            await self.redis.rpush(k.regenerate, *(orjson.dumps(asdict(r)) for r in requests))
+        return requests
 
     async def pop_regenerate(self, n: int = 1) -> list[RegenerateRequest]:
         """Pop up to `n` requests to generate a reopened group's stale members again (oldest first)."""

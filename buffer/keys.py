@@ -47,6 +47,13 @@ class Keys:
     def members(self, group_id: str) -> str:
         return f"{self.base}:members:{group_id}"
 
+    def groups_pattern(self) -> str:
+        """SCAN pattern for every group hash (used by recovery after a crash)."""
+        return f"{self.base}:group:*"
+
+    def group_id_from_key(self, key: str) -> str:
+        return key.removeprefix(f"{self.base}:group:")
+
     def samples_pattern(self) -> str:
         """SCAN pattern for every session's samples hash (used by export)."""
         return f"{self.base}:samples:*"

@@ -159,11 +159,12 @@ class Group:
 
 @dataclass(slots=True)
 class RegenerateRequest:
-    """A group reopened because some members are too stale: generate those members again, at the
-    same indices of the same group (the group's first session's metadata says what to generate)."""
+    """Members of a group to generate again, at the same indices of the same group (the group's
+    first session's metadata says what to generate): stale members of a reopened group, or the
+    places a crashed rollout side left unfilled."""
 
     group_id: str
     metadata: dict[str, Any]
     indices: list[int]
-    oldest_version: int  # the stale members' oldest token
-    current_version: int
+    oldest_version: int | None  # the stale members' oldest token (None: recovered after a crash)
+    current_version: int | None

@@ -47,6 +47,13 @@ def oldest_version(samples: list[Sample]) -> int | None:
     return min(versions) if versions else None
 
 
+def _stale(member: Member, current: int, bound: int | None) -> bool:
+    """Older than the bound, or sampled by weights newer than the trainer's: a run resumed from an
+    earlier checkpoint discarded them, so no importance weight can relate them to its policy."""
+    versions = [v for s in member.samples for v in s.weight_versions]
+    return bool(versions) and (max(versions) > current or (bound is not None and current - min(versions) > bound))
+
+
 def judge(
     group_id: str,
     members: list[Member],
@@ -55,17 +62,16 @@ def judge(
     group_filter: GroupFilter | None = None,
     reopened: int = 0,
 ) -> Verdict:
-    """Apply, in order: the failed-member policy, the staleness bound (per member; a group already
-    `reopened` `max_regenerations` times is dropped instead), the filter hook."""
+    """Apply, in order: the failed-member policy, staleness (per member, see `_stale`; a group
+    already `reopened` `max_regenerations` times is dropped instead), the filter hook."""
     ok = [m for m in members if m.status is not SessionStatus.FAILED and m.samples]
     failed = len(members) - len(ok)
     if failed and (config.failed_policy == "drop_group" or len(ok) < config.min_successful):
         return Verdict("dropped_failed", [])
     samples = [s for m in ok for s in m.samples]
     oldest = oldest_version(samples)
-    bound = config.max_staleness
-    if bound is not None and current_version is not None:
-        stale = [m for m in ok if (v := oldest_version(m.samples)) is not None and current_version - v > bound]
+    if current_version is not None:
+        stale = [m for m in ok if _stale(m, current_version, config.max_staleness)]
         if stale and reopened >= config.max_regenerations:
             return Verdict("dropped_stale", [], oldest)
         if stale:

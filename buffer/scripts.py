@@ -229,3 +229,33 @@ redis.call('HINCRBY', KEYS[4], 'members_regenerated', n)
 redis.call('RPUSH', KEYS[5], ARGV[3])
 return 1
 """
+
+# After the rollout side died: free the places of an open training group that can no longer be
+# filled (sessions still open are closed as aborted and retired), and answer every free index,
+# for the caller to queue. Idempotent: a second run finds the same indices free.
+# KEYS: group, members, stats, session... (one per member listed in ARGV)
+# ARGV: now, then index/session_id pairs as read from the members hash
+RECOVER = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
+  return {}
+end
+local filled = {}
+for i = 1, #KEYS - 3 do
+  local index, sid = ARGV[2 * i], ARGV[2 * i + 1]
+  if redis.call('HGET', KEYS[2], index) == sid then
+    if redis.call('HGET', KEYS[i + 3], 'status') == 'open' then
+      redis.call('HDEL', KEYS[2], index)
+      redis.call('HSET', KEYS[i + 3], 'status', 'aborted', 'finished_at', ARGV[1], 'retired_at', ARGV[1])
+      redis.call('HINCRBY', KEYS[3], 'sessions_open', -1)
+      redis.call('HINCRBY', KEYS[3], 'sessions_finished', 1)
+    else
+      filled[tonumber(index)] = true
+    end
+  end
+end
+local free = {}
+for index = 0, tonumber(redis.call('HGET', KEYS[1], 'size')) - 1 do
+  if not filled[index] then free[#free + 1] = index end
+end
+return free
+"""

@@ -172,6 +172,9 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
             await asyncio.to_thread(sync.sync, trainer)
         async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
             await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
+            if start:  # groups the killed run was still generating are finished, not lost
+                recovered = await buffer.recover_open_groups()
+                log.info("resume: %d open groups queued to finish their missing members", len(recovered))
             producer = RolloutProducer(rollout_fn, args, data, buffer)
             if run.mode == "async":
                 # Twice the groups one staleness window trains: with heavy-tailed episodes, 1x leaves

@@ -183,3 +183,38 @@ async def test_evaluation_groups_are_stored_but_never_handed_out(buf: Buffer):
     assert [s.reward for s in await buf.session_samples("e-0")] == []  # no turns: no segment samples
     with pytest.raises(ConflictError, match="trainable"):  # one group cannot mix the two kinds
         await buf.open_session(SessionInfo("x", "eval-1", 1, 2, {}, trainable=True))
+
+
+async def test_recovery_queues_what_a_dead_rollout_side_left_unfinished(buf: Buffer, valkey, run_id):
+    # r: reopened for its stale member 0, and the regeneration request was popped by a process that then died.
+    for index, version in enumerate((1, 5)):
+        await write_session(buf, "r", index, 2, version=version)
+    async with Buffer(valkey.url, run_id, BufferConfig(max_staleness=1)) as trainer:
+        assert await trainer.take_groups(1, "t", current_version=5) == []
+        assert len(await trainer.pop_regenerate(5)) == 1
+    # g: member 0 finished, member 1's agent died mid-episode (its session is open), member 2 never started.
+    await write_session(buf, "g", 0, 3, reward=1.0)
+    await buf.open_session(SessionInfo("g-1", "g", 1, 3, {"prompt": "p-g"}))
+    await buf.append_turn(turn("g-1", 0))
+    await write_group(buf, "done", version=5)  # complete: untouched
+    await buf.open_session(SessionInfo("eval-0", "eval", 0, 2, trainable=False))  # evaluation: untouched
+    await buf.redis.rpush(buf.keys.regenerate, b'{"left": "from before the crash"}')
+
+    requests = await buf.recover_open_groups()
+    assert sorted((r.group_id, r.indices) for r in requests) == [("g", [1, 2]), ("r", [0])]
+    assert [r.metadata for r in requests if r.group_id == "g"] == [{"prompt": "p-g"}]
+    again = await buf.recover_open_groups()  # idempotent: the same places are still free
+    assert sorted(again, key=lambda r: r.group_id) == sorted(requests, key=lambda r: r.group_id)
+    stats = await buf.stats()
+    assert (stats.sessions_open, stats.regenerate_queued) == (1, 2)  # only the evaluation session is open
+    assert await buf.redis.hget(buf.keys.session("g-1"), "status") == b"aborted"
+    assert sorted((r.group_id, r.indices) for r in await buf.pop_regenerate(10)) == [("g", [1, 2]), ("r", [0])]
+
+    # The freed places are filled: the group completes with its kept member and is trained whole.
+    await write_session(buf, "g", 2, 3, reward=2.0)
+    await buf.open_session(SessionInfo("g-1-again", "g", 1, 3))
+    await buf.append_turn(turn("g-1-again", 0))
+    await buf.finish_session("g-1-again", 1.5, "completed")
+    taken = {g.group_id: g for g in await buf.take_groups(5, "t")}
+    assert set(taken) == {"done", "g"}
+    assert [(s.session_id, s.reward) for s in taken["g"].samples] == [("g-0", 1.0), ("g-1-again", 1.5), ("g-2", 2.0)]

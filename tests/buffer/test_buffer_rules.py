@@ -35,7 +35,7 @@ def test_keep_successful_needs_min_successful():
 
 def test_staleness_is_judged_per_member_from_its_oldest_token():
     config = BufferConfig(max_staleness=2)
-    group = [member(versions=(3, 9), index=0), member(versions=(8,), index=1), member(versions=(4,), index=2)]
+    group = [member(versions=(3, 5), index=0), member(versions=(5,), index=1), member(versions=(4,), index=2)]
     assert judge("g", group, config, current_version=5).keep  # 5 - 3 = 2: at the bound
     verdict = judge("g", group, config, current_version=6)
     assert verdict.state == "reopen" and [m.index for m in verdict.stale] == [0]
@@ -50,6 +50,15 @@ def test_a_group_reopened_max_regenerations_times_is_dropped_when_still_stale():
     assert judge("g", group, config, current_version=2, reopened=1).state == "reopen"
     assert judge("g", group, config, current_version=2, reopened=2).state == "dropped_stale"
     assert judge("g", [member(versions=(2,), index=0)], config, current_version=2, reopened=2).keep
+
+
+def test_members_from_discarded_weights_are_stale_even_without_a_bound():
+    """After a resume from an earlier checkpoint, tokens sampled by weights the trainer no longer has."""
+    group = [member(versions=(3, 4), index=0), member(versions=(3,), index=1)]
+    verdict = judge("g", group, BufferConfig(), current_version=3)
+    assert verdict.state == "reopen" and [m.index for m in verdict.stale] == [0]
+    assert judge("g", group, BufferConfig(), current_version=4).keep
+    assert judge("g", group, BufferConfig(), current_version=None).keep  # no version given: no judgement
 
 
 def test_failed_members_are_not_regenerated():

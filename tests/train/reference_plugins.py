@@ -1,5 +1,7 @@
 """Reference implementations of the three plugin hooks, written exactly as a slime user would."""
 
+import asyncio
+
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slimeish.types import Sample
 
@@ -54,4 +56,11 @@ async def fail_every_fourth_group(args, sample):
     """Fails a member of groups 1, 5, 9, ...: a batch of 4 keeps 3 groups and needs one more."""
     if sample.group_index % 4 == 1 and sample.index == 0:
         raise RuntimeError("scripted failure")
+    return await first_token_parity(args, sample)
+
+
+async def slow_from_group_6(args, sample):
+    """Scores groups 6 and up after 2 s, so a test can kill the run while their sessions are open."""
+    if sample.group_index >= 6:
+        await asyncio.sleep(2.0)
     return await first_token_parity(args, sample)

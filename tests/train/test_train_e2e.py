@@ -70,6 +70,15 @@ def trained_count(url: str, run_id: str) -> int:
     return asyncio.run(read())
 
 
+def group_states(url: str, run_id: str) -> dict[str, str]:
+    async def read() -> dict[str, str]:
+        async with Buffer(url, run_id) as buf:
+            keys = [key.decode() async for key in buf.redis.scan_iter(match=buf.keys.groups_pattern())]
+            return {buf.keys.group_id_from_key(k): (await buf.redis.hget(k, "state")).decode() for k in keys}
+
+    return asyncio.run(read())
+
+
 def test_sync_run_is_on_policy_and_trains_each_group_once(tiny_model, prompts, valkey, tmp_path):
     run_dir = tmp_path / "sync"
     argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--eval-interval", "2")
@@ -119,12 +128,15 @@ def test_async_regenerates_stale_members_and_trains_only_current_tokens(tiny_mod
 
 def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, prompts, valkey, tmp_path):
     run_dir = tmp_path / "resume"
-    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "8", "--save-interval", "2")
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "8", "--save-interval", "2",
+                      "--custom-rm-path", "tests.train.reference_plugins.slow_from_group_6")  # fmt: skip
     with ManagedProcess(argv, log_path=tmp_path / "first.log") as first:
         deadline = time.monotonic() + 240
-        while len(metrics(run_dir)) < 3:  # steps 0-2 done
+        # Killed after steps 0-2, while step 3's sessions (groups 6 and 7, scored slowly) are open.
+        while len(metrics(run_dir)) < 3 or "g6" not in group_states(valkey.url, "resume"):
             assert time.monotonic() < deadline and first.proc.poll() is None, (tmp_path / "first.log").read_text()
             time.sleep(0.2)
+        assert group_states(valkey.url, "resume")["g6"] == "open"
         first.kill(signal.SIGKILL)
         first.proc.wait()
     killed = ledger(run_dir)
@@ -147,6 +159,9 @@ def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, p
     assert len(groups) == len(set(groups)), "a group was trained twice"
     assert lost_training <= set(groups), "groups trained after the last checkpoint were not re-trained"
     assert trained_count(valkey.url, "resume") == len(groups)
+    # Groups the killed run was still generating were finished after the resume, and trained.
+    before = {g: state for g, state in group_states(valkey.url, "resume").items() if int(g[1:]) < drawn_before_resume}
+    assert "g6" in before and all(state == "trained" for state in before.values()), before
 
 
 def test_sync_stays_on_policy_when_groups_are_dropped(tiny_model, prompts, valkey, tmp_path):
