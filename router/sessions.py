@@ -103,6 +103,7 @@ class Session:
             "group_id": self.group_id,
             "index": self.index,
             "group_size": self.group_size,
+            "sampling_defaults": self.sampling_defaults,
             "engine": self.engine,
             "turns": self.turns,
             "finished": self.finished.model_dump() if self.finished else None,

@@ -27,6 +27,7 @@ def engine_sampling(router_app) -> dict:
 
 def test_omitted_fields_take_the_session_defaults(router_app):
     s = router_app.new_session(sampling_defaults=DEFAULTS)
+    assert router_app.record(s["session_id"])["sampling_defaults"] == DEFAULTS
     httpx.post(s["base_url"] + "/chat/completions", json=CHAT).raise_for_status()
     assert engine_sampling(router_app) == DEFAULTS
     completion = {"model": "tiny", "prompt": "one two", "max_tokens": 2}
