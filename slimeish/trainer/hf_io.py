@@ -37,8 +37,12 @@ def megatron_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_hf_into(model: torch.nn.Module, hf: dict[str, torch.Tensor], shape: ModelShape) -> None:
     """Convert, take this tensor-parallel rank's shard and copy into `model` (all names must match)."""
+    load_megatron_into(model, hf_to_megatron(hf, shape))
+
+
+def load_megatron_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Copy already converted (full, Megatron-named) weights into `model`, this rank's shard of each."""
     rank, world = _tp_rank_and_size()
-    full = hf_to_megatron(hf, shape)
     own = megatron_params(model)
     if set(full) != set(own):
         raise ValueError(

@@ -25,6 +25,7 @@ from slimeish.trainer.advantages import (
 )
 from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
 from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.trainer.convert import hf_to_megatron
 from slimeish.trainer.distributed import data_parallel_rank_and_size, global_rank, init_distributed
 from slimeish.trainer.forward import response_log_probs
 from slimeish.trainer.model import build_gpt_model, model_shape
@@ -50,9 +51,10 @@ class Trainer:
         self.hf_config = AutoConfig.from_pretrained(config.model_path)
         self.shape = model_shape(self.hf_config, config.tensor_parallel)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.use_gpu else torch.device("cpu")
-        hf_weights = hf_io.read_hf_weights(config.model_path)
-        self.model = self._build(hf_weights)
-        self.reference = self._build(hf_weights).requires_grad_(False).eval() if self.loss_config.kl_coef > 0 else None
+        # Converted once: the policy and the KL reference start from the same weights.
+        weights = hf_to_megatron(hf_io.read_hf_weights(config.model_path), self.shape)
+        self.model = self._build(weights)
+        self.reference = self._build(weights).requires_grad_(False).eval() if self.loss_config.kl_coef > 0 else None
         if self.use_gpu:
             self.model = wrap_gpu_model(self.model)
             self.optimizer = build_gpu_optimizer(self.model, config)
@@ -60,12 +62,12 @@ class Trainer:
             self.optimizer = build_cpu_optimizer(self.model, config)
         self.state = checkpoint.TrainerState()
 
-    def _build(self, hf_weights: dict[str, Tensor]) -> torch.nn.Module:
+    def _build(self, weights: dict[str, Tensor]) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
         model = build_gpt_model(
             self.hf_config, params_dtype=dtype, use_gpu=self.use_gpu, tensor_parallel=self.config.tensor_parallel
         )
-        hf_io.load_hf_into(model, hf_weights, self.shape)
+        hf_io.load_megatron_into(model, weights)
         return model
 
     @property
