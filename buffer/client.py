@@ -31,7 +31,7 @@ from buffer.config import FILTER_SIGNATURE, BufferConfig
 from buffer.errors import BufferInputError, UnknownSessionError, from_script_error
 from buffer.keys import CONSUMER_GROUP, Keys
 from buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, SessionStatus, Turn
-from buffer.rules import GroupFilter, Member, judge, oldest_version
+from buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
 from buffer.segments import PackedSample, assemble, build_samples, check_next_turn
 from buffer.stats import BufferStats, read_stats
 from slimeish.plugins import load_function
@@ -99,6 +99,7 @@ class Buffer:
         self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
         self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
         self._consumer_group_made = False
+        self._resumes: list[Resume] = []  # the run's resumes, read once per object (see note_resume)
         # What this object's takes settled without handing out, by BufferStats counter name: a
         # producer that bounds the groups in flight frees their slots without asking the server
         # (a reopened group's regeneration takes a slot of its own), and the train loop logs them.
@@ -256,6 +257,7 @@ class Buffer:
     async def _ensure_consumer_group(self) -> None:
         if self._consumer_group_made:
             return
+        self._resumes = [Resume(**orjson.loads(r)) for r in await self.redis.lrange(self.keys.resumes, 0, -1)]
         try:  # from id 0, so groups completed before the first trainer started are seen too
             await self.redis.xgroup_create(self.keys.ready, CONSUMER_GROUP, id="0", mkstream=True)
         except ResponseError as exc:
@@ -317,7 +319,7 @@ class Buffer:
         for _, sid in sessions:
             pipe.hgetall(k.samples(sid))
             pipe.hgetall(k.turns(sid))
-            pipe.hmget(k.session(sid), ["status", "reward"])
+            pipe.hmget(k.session(sid), ["status", "reward", "created_at"])
         replies = iter(await pipe.execute())
         kept: list[Group] = []
         members_of = iter(sessions)
@@ -332,7 +334,9 @@ class Buffer:
             gid, metadata_json, reopened, members = item
             metadata = orjson.loads(metadata_json)
             group_members = [_member(*next(members_of), next(replies), next(replies), next(replies)) for _ in members]
-            verdict = judge(gid, group_members, self.config, current_version, self._filter, int(reopened or 0))
+            verdict = judge(
+                gid, group_members, self.config, current_version, self._filter, int(reopened or 0), self._resumes
+            )
             if verdict.keep:
                 kept.append(Group(gid, verdict.samples, metadata, entry))
             elif verdict.state == "reopen":
@@ -387,6 +391,15 @@ class Buffer:
         keys = [self.keys.ready, self.keys.stats, *(self.keys.group(gid) for gid in group_ids)]
         return await self._run(name, keys, [CONSUMER_GROUP, time.time(), *group_ids])
 
+    async def note_resume(self, version: int) -> None:
+        """A trainer resumes from a checkpoint of weight `version`: from now on, tokens of newer
+        versions in sessions opened before now are stale (the killed run sampled them with weights
+        this run discarded, and this run will reuse those version numbers)."""
+        await self._ensure_consumer_group()  # reads the earlier resumes first
+        resume = Resume(time.time(), version)
+        await self.redis.rpush(self.keys.resumes, orjson.dumps(asdict(resume)))
+        self._resumes.append(resume)
+
     async def recover_open_groups(self) -> list[RegenerateRequest]:
         """Queue again whatever the rollout side was generating when it died; call it on resume,
         before any rollout runs.
@@ -438,4 +451,6 @@ def _decode_member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], rewar
 def _member(
     index: int, session_id: str, headers: dict[bytes, bytes], turns: dict[bytes, bytes], fields: list[bytes | None]
 ) -> Member:
-    return Member(index, session_id, SessionStatus(fields[0].decode()), _decode_member(headers, turns, fields[1]))
+    status, reward, created_at = fields
+    samples = _decode_member(headers, turns, reward)
+    return Member(index, session_id, SessionStatus(status.decode()), samples, float(created_at or 0))

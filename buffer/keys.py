@@ -10,6 +10,7 @@ Layout for run `R` (see docs/buffer.md):
     slimeish:R:ready           stream  one entry per trainable group; consumer group "trainers"
     slimeish:R:regenerate      list    JSON requests for groups dropped as stale
     slimeish:R:stats           hash    counters
+    slimeish:R:resumes         list    JSON {at, version}: a trainer resumed at `at` from a checkpoint of `version`
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ CONSUMER_GROUP = "trainers"  # the stream consumer group all trainer processes s
 class Keys:
     """Key builder for one run; a run id may not contain ':' so prefixes never overlap."""
 
-    __slots__ = ("base", "ready", "regenerate", "run_id", "stats")
+    __slots__ = ("base", "ready", "regenerate", "resumes", "run_id", "stats")
 
     def __init__(self, run_id: str) -> None:
         if not run_id or ":" in run_id:
@@ -31,6 +32,7 @@ class Keys:
         self.ready = f"{self.base}:ready"
         self.regenerate = f"{self.base}:regenerate"
         self.stats = f"{self.base}:stats"
+        self.resumes = f"{self.base}:resumes"
 
     def session(self, session_id: str) -> str:
         return f"{self.base}:session:{session_id}"

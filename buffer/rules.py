@@ -25,6 +25,16 @@ class Member:
     session_id: str
     status: SessionStatus
     samples: list[Sample]
+    created_at: float = 0.0  # when its session was opened
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A trainer resumed at time `at` from a checkpoint of weight `version`: tokens of newer versions
+    from sessions opened before `at` came from weights that run discarded."""
+
+    at: float
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +57,17 @@ def oldest_version(samples: list[Sample]) -> int | None:
     return min(versions) if versions else None
 
 
-def _stale(member: Member, current: int, bound: int | None) -> bool:
-    """Older than the bound, or sampled by weights newer than the trainer's: a run resumed from an
-    earlier checkpoint discarded them, so no importance weight can relate them to its policy."""
+def _stale(member: Member, current: int, bound: int | None, resumes: list[Resume]) -> bool:
+    """Older than the bound, or sampled by weights the trainer does not have: newer than its own, or
+    discarded by a resume from an earlier checkpoint (the version numbers after a resume are used
+    again, so the session's opening time tells the two runs' tokens apart). No importance weight
+    relates such tokens to the trainer's policy."""
     versions = [v for s in member.samples for v in s.weight_versions]
-    return bool(versions) and (max(versions) > current or (bound is not None and current - min(versions) > bound))
+    if not versions:
+        return False
+    newest = max(versions)
+    discarded = any(member.created_at < r.at and newest > r.version for r in resumes)
+    return discarded or newest > current or (bound is not None and current - min(versions) > bound)
 
 
 def judge(
@@ -61,6 +77,7 @@ def judge(
     current_version: int | None,
     group_filter: GroupFilter | None = None,
     reopened: int = 0,
+    resumes: list[Resume] | None = None,
 ) -> Verdict:
     """Apply, in order: the failed-member policy, staleness (per member, see `_stale`; a group
     already `reopened` `max_regenerations` times is dropped instead), the filter hook."""
@@ -71,7 +88,7 @@ def judge(
     samples = [s for m in ok for s in m.samples]
     oldest = oldest_version(samples)
     if current_version is not None:
-        stale = [m for m in ok if _stale(m, current_version, config.max_staleness)]
+        stale = [m for m in ok if _stale(m, current_version, config.max_staleness, resumes or [])]
         if stale and reopened >= config.max_regenerations:
             return Verdict("dropped_stale", [], oldest)
         if stale:

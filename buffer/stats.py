@@ -25,7 +25,7 @@ class BufferStats:
     groups_filtered: int
     groups_given_back: int  # times a taken group was returned to the queue
     groups_evaluated: int  # complete evaluation groups (stored, never trained)
-    regenerate_queued: int  # reopened groups whose stale members wait to be generated again
+    regenerate_queued: int  # requests waiting: stale members of reopened groups, places crash recovery freed
     bytes_turns: int  # turns as stored: the token data (ids, log-probs)
     bytes_samples: int  # sample headers written at finish
     used_memory: int  # the whole server's, from INFO memory

@@ -287,7 +287,8 @@ async def stream_chat(
     result = StreamedTurn()
     lp = (lambda entries: R.stream_logprobs(state.renderer, entries)) if req.logprobs else None
     events = chat_events(
-        chunks, head, req.n, parse_tools, req.stop_list(), lambda g: assistant_message(state, g, parse_tools, forced),
+        chunks, head, req.n, parse_tools, params.get("stop", []),
+        lambda g: assistant_message(state, g, parse_tools, forced),
         lp, result, forced=forced,
     )  # fmt: skip
     usage_chunk = head if req.stream_options and req.stream_options.include_usage else None
@@ -304,7 +305,7 @@ async def _completion(state: RouterState, turn: InFlight, body: dict, started: f
     if req.stream:
         chunks = await engine_chunks(state, session, plan, params, {})
         head, result = stream_head(req, state, "cmpl", "text_completion"), StreamedTurn()
-        events = completion_events(chunks, head, req.n, req.stop_list(), result)
+        events = completion_events(chunks, head, req.n, params.get("stop", []), result)
         if not text_prompt:
             events = _no_answers(events, result)
         usage_chunk = head if req.stream_options and req.stream_options.include_usage else None

@@ -43,12 +43,39 @@ class EngineError(RuntimeError):
         self.status = status
 
 
-# Failures before the engine answered (refused, reset, dropped keep-alive): safe to retry.
-# Timeouts are not among them (aiohttp's read timeout is a ServerConnectionError too): checked first.
+# Failures before the engine answered (refused, reset, dropped keep-alive, no connection in time):
+# safe to retry elsewhere. A read timeout is not among them (see `_unreachable`).
 UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-HTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+# A reachable engine accepts a connection in milliseconds; waiting the whole request timeout for a
+# dead host would hold the request for minutes before it is retried elsewhere.
+CONNECT_TIMEOUT = 10.0
+HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
 JSON = {"content-type": "application/json"}
 _CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+
+
+def _unreachable(e: BaseException) -> bool:
+    """The request never reached the engine. aiohttp's timeouts are connection errors too, so the
+    read timeout (a long generation: 504, not retried) is told apart from the connect timeout."""
+    if isinstance(e, aiohttp.ConnectionTimeoutError):
+        return True
+    return isinstance(e, UNREACHABLE) and not isinstance(e, TimeoutError)
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The body's lines, however long: SGLang's stream chunks are cumulative (every chunk repeats
+    all ids and log-probs so far), and aiohttp's own line reader refuses lines over 512 KiB."""
+    pending, scanned = bytearray(), 0  # bytes before `scanned` hold no newline: never searched twice
+    async for data in stream.iter_any():
+        pending += data
+        start = 0
+        while (end := pending.find(b"\n", scanned)) >= 0:
+            yield bytes(pending[start:end])
+            start = scanned = end + 1
+        del pending[:start]
+        scanned = len(pending)
+    if pending:
+        yield bytes(pending)
 
 
 def _check_status(engine: Engine, status: int, content: bytes) -> None:
@@ -83,7 +110,7 @@ class EnginePool:
     def __init__(self, client: aiohttp.ClientSession, urls: list[str], timeout: float, retries: int = 2):
         self.client = client
         self.timeout = timeout
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(timeout, CONNECT_TIMEOUT), sock_read=timeout)
         self.retries = retries  # other engines tried after one cannot be reached
         self.engines: dict[str, Engine] = {}
         for url in urls:
@@ -145,7 +172,7 @@ class EnginePool:
                 ) as response:
                     content = await response.read()
             except HTTP_ERRORS as e:
-                if isinstance(e, asyncio.TimeoutError) or not isinstance(e, UNREACHABLE):
+                if not _unreachable(e):
                     raise self._failed(engine, e) from e
                 self._eject(engine, repr(e))
                 continue
@@ -174,7 +201,7 @@ class EnginePool:
                 ) as response:
                     if response.status >= 400:
                         _check_status(engine, response.status, await response.read())
-                    async for raw in response.content:  # one SSE line at a time
+                    async for raw in _lines(response.content):
                         line = raw.strip()
                         if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                             continue
@@ -184,7 +211,7 @@ class EnginePool:
             except HTTP_ERRORS as e:
                 if started:
                     raise EngineFailedMidStream(f"engine {engine.url} failed mid-stream: {e!r}") from e
-                if isinstance(e, asyncio.TimeoutError) or not isinstance(e, UNREACHABLE):
+                if not _unreachable(e):
                     raise self._failed(engine, e) from e
                 self._eject(engine, repr(e))
             finally:
@@ -193,7 +220,7 @@ class EnginePool:
 
     def _failed(self, engine: Engine, e: BaseException) -> EngineError:
         """A request that reached the engine and then failed: the engine stays (health checks decide)."""
-        if isinstance(e, asyncio.TimeoutError):
+        if isinstance(e, TimeoutError):
             return EngineError(504, f"engine {engine.url} did not answer within {self.timeout:g} s")
         return EngineError(502, f"engine {engine.url} failed: {type(e).__name__}")
 

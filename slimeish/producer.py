@@ -98,8 +98,11 @@ class RolloutProducer:
             args = argparse.Namespace(**{**vars(args), "rollout_batch_size": n_groups})
         for request in await self.buffer.pop_regenerate(args.rollout_batch_size):
             meta = dict(request.metadata)
-            prompt, label, group_index = meta.pop("prompt", None), meta.pop("label", None), meta.pop("group_index")
+            prompt, label, group_index = (meta.pop(key, None) for key in ("prompt", "label", "group_index"))
             meta.pop("eval", None)
+            if group_index is None:  # opened outside slimeish train (POST /sessions by hand): no prompt to draw
+                log.warning("group %s cannot be regenerated: its sessions carry no group_index", request.group_id)
+                continue
             self.data.regenerate(group_index, request.indices, prompt, label, meta)
         rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
         loop = asyncio.get_running_loop()

@@ -173,6 +173,7 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
         async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
             await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
             if start:  # groups the killed run was still generating are finished, not lost
+                await buffer.note_resume(trainer.weight_version)
                 recovered = await buffer.recover_open_groups()
                 log.info("resume: %d open groups queued to finish their missing members", len(recovered))
             producer = RolloutProducer(rollout_fn, args, data, buffer)

@@ -218,3 +218,27 @@ async def test_recovery_queues_what_a_dead_rollout_side_left_unfinished(buf: Buf
     taken = {g.group_id: g for g in await buf.take_groups(5, "t")}
     assert set(taken) == {"done", "g"}
     assert [(s.session_id, s.reward) for s in taken["g"].samples] == [("g-0", 1.0), ("g-1-again", 1.5), ("g-2", 2.0)]
+
+
+async def test_after_note_resume_the_killed_runs_newer_tokens_are_regenerated(buf: Buffer, valkey, run_id):
+    await write_session(buf, "g", 0, 2, version=3)  # the checkpoint's weights: valid
+    await write_session(buf, "g", 1, 2, version=5)  # weights trained after the checkpoint: discarded
+    async with Buffer(valkey.url, run_id) as trainer:
+        await trainer.note_resume(3)
+        assert await trainer.take_groups(1, "t", current_version=5) == []  # version 5 again, but not these weights
+        (request,) = await trainer.pop_regenerate()
+        assert request.indices == [1]
+        await trainer.open_session(SessionInfo("g-1-new", "g", 1, 2))
+        await trainer.append_turn(turn("g-1-new", 0, version=5))  # this run's version 5
+        await trainer.finish_session("g-1-new", 1.0, "completed")
+        (group,) = await trainer.take_groups(1, "t", current_version=5)
+        assert [s.session_id for s in group.samples] == ["g-0", "g-1-new"]
+
+
+async def test_a_resume_is_stored_for_every_later_trainer(buf: Buffer, valkey, run_id):
+    await write_session(buf, "h", 0, 1, version=5)
+    async with Buffer(valkey.url, run_id) as resumed:
+        await resumed.note_resume(3)
+    async with Buffer(valkey.url, run_id) as restarted:  # another process reads it from the buffer
+        assert await restarted.take_groups(1, "t", current_version=5) == []
+        assert (await restarted.stats()).groups_reopened == 1

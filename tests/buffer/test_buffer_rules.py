@@ -61,6 +61,17 @@ def test_members_from_discarded_weights_are_stale_even_without_a_bound():
     assert judge("g", group, BufferConfig(), current_version=None).keep  # no version given: no judgement
 
 
+def test_tokens_from_weights_a_resume_discarded_are_stale_though_their_versions_come_again():
+    from buffer.rules import Resume
+
+    resumes = [Resume(at=100.0, version=3)]  # resumed at t=100 from a checkpoint of version 3
+    before = Member(0, "old", OK, [Sample(weight_versions=[4])], created_at=90.0)  # the killed run's version 4
+    after = Member(1, "new", OK, [Sample(weight_versions=[4])], created_at=110.0)  # this run's version 4
+    kept = Member(2, "base", OK, [Sample(weight_versions=[3])], created_at=80.0)  # the checkpoint's own weights
+    verdict = judge("g", [before, after, kept], BufferConfig(), current_version=5, resumes=resumes)
+    assert verdict.state == "reopen" and [m.index for m in verdict.stale] == [0]
+
+
 def test_failed_members_are_not_regenerated():
     config = BufferConfig(max_staleness=0, failed_policy="keep_successful")
     verdict = judge("g", [member(versions=(1,), index=0), member(FAILED, index=1)], config, current_version=2)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 
-from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError
+from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError, _unreachable
 from slimeish.procs import free_port
 
 OK = {"text": "", "output_ids": [1], "meta_info": {"weight_version": "4", "output_token_logprobs": [[-1.0, 1, None]]}}
@@ -79,6 +80,11 @@ async def pool(engines):
         yield EnginePool(client, [engines.url(n) for n in "abc"], timeout=TIMEOUT)
 
 
+def test_connect_timeouts_are_retried_elsewhere_read_timeouts_are_not():
+    assert _unreachable(aiohttp.ConnectionTimeoutError()) and _unreachable(aiohttp.ServerDisconnectedError())
+    assert not _unreachable(aiohttp.SocketTimeoutError()) and not _unreachable(TimeoutError())
+
+
 async def test_sticky_then_least_loaded(engines, pool):
     a, b, c = (engines.url(n) for n in "abc")
     pool.engines[a].inflight = 3
@@ -128,6 +134,23 @@ async def test_streamed_chunks_arrive_in_order(engines, pool):
     engines.handle = lambda name, request: sse(request)
     chunks = [chunk async for chunk, _ in pool.stream({"input_ids": [1]}, sticky=engines.url("b"))]
     assert chunks == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+async def test_a_stream_line_longer_than_aiohttps_line_limit_arrives_whole(engines, pool):
+    """SGLang's chunks are cumulative: a long generation's last lines are megabytes."""
+    big = {"output_ids": list(range(200_000))}  # ~1.3 MB of JSON on one line
+
+    async def sse(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        payload = b"data: " + orjson.dumps(big) + b"\n\n"
+        for i in range(0, len(payload), 65_536):  # in pieces, as a network delivers it
+            await response.write(payload[i : i + 65_536])
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    engines.handle = lambda name, request: sse(request)
+    assert [chunk async for chunk, _ in pool.stream({"input_ids": [1]}, sticky=None)] == [big]
 
 
 async def test_retries_are_capped(engines, pool):

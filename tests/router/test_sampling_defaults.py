@@ -7,7 +7,10 @@ import dataclasses
 from types import SimpleNamespace
 
 import httpx
+import orjson
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
 from rollout_functions.sessions import Session, http_client, run_groups
 from slimeish.rollout import RolloutConfig
@@ -144,3 +147,41 @@ def test_a_rollout_sets_its_sessions_sampling(router_app, evaluation, temperatur
     assert engine_sampling(router_app) == {"temperature": temperature, "top_p": 0.9, "top_k": 20}
     sent = router_app.engine_log[-1][0]["sampling_params"]
     assert (sent["max_new_tokens"], sent["stop"]) == (5, ["Observation:"])
+
+
+def scripted_stream_engine(texts: list[str]) -> FastAPI:
+    """An engine that streams the cumulative `texts` (one token each) and stops: the only way to
+    make a stop string appear in the middle of a stream, as SGLang may send it before trimming."""
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict:
+        return {}
+
+    @app.get("/model_info")
+    def model_info() -> dict:
+        return {"weight_version": "0"}
+
+    @app.post("/generate")
+    def generate() -> StreamingResponse:
+        def events():
+            for k, text in enumerate(texts, 1):
+                meta = {"output_token_logprobs": [[-0.5, 7, None]] * k, "weight_version": "0", "id": "r"}
+                if k == len(texts):
+                    meta["finish_reason"] = {"type": "stop", "matched": "Observation:"}
+                yield b"data: " + orjson.dumps({"text": text, "output_ids": [7] * k, "meta_info": meta}) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def test_a_default_stop_string_is_held_back_from_a_stream(router_factory):
+    with serve_app(scripted_stream_engine(["Action: x\n", "Action: x\nObserv", "Action: x\n"])) as engine:
+        router = router_factory([engine])
+        s = router.new_session(sampling_defaults={"stop": ["Observation:"]})
+        with httpx.stream("POST", s["base_url"] + "/chat/completions", json={**CHAT, "stream": True}) as r:
+            lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    streamed = "".join(orjson.loads(x)["choices"][0]["delta"].get("content") or "" for x in lines if x)
+    assert streamed == "Action: x\n"
