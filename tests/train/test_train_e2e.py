@@ -164,6 +164,50 @@ def test_resume_after_sigkill_loses_no_group_and_trains_none_twice(tiny_model, p
     assert "g6" in before and all(state == "trained" for state in before.values()), before
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`, from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we read
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_stops_every_child_process(tiny_model, prompts, valkey, tmp_path):
+    """Ctrl-C (SIGINT to the train process's group; its children run in sessions of their own, so it
+    never reaches them) stops the buffer, engine and router it started, and the run exits."""
+    argv = train_argv(tiny_model, prompts, tmp_path / "interrupted", valkey.url, "--num-rollout", "50")
+    at = argv.index("--buffer-url")
+    del argv[at : at + 2]  # its own embedded buffer: one more child to stop
+    with ManagedProcess(argv, log_path=tmp_path / "interrupted.log") as train:
+        deadline = time.monotonic() + 240
+        while not metrics(tmp_path / "interrupted"):
+            assert time.monotonic() < deadline and train.proc.poll() is None, (tmp_path / "interrupted.log").read_text()
+            time.sleep(0.2)
+        children = descendants(train.pid)
+        assert len(children) >= 3, children  # buffer, engine, router (and their helpers)
+        train.kill(signal.SIGINT)
+        assert train.proc.wait(60) == 0
+    deadline = time.monotonic() + 10  # orphans are reaped by init a moment later
+    while any(map(running, children)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if running(pid)]
+    assert "interrupted: stopping every child process" in (tmp_path / "interrupted.log").read_text()
+
+
 def test_sync_stays_on_policy_when_groups_are_dropped(tiny_model, prompts, valkey, tmp_path):
     """Dropped groups are replaced by generating just the missing ones: no surplus group is left
     over to be trained a version later."""
