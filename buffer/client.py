@@ -249,12 +249,13 @@ class Buffer:
 
     async def stats(self) -> BufferStats:
         """Counts of sessions and groups by state, staleness drops, bytes stored."""
-        await self._ensure_consumer_group()
+        await self._prepare()
         return await read_stats(self.redis, self.keys)
 
     # ---- consumption: trainer -----------------------------------------------------------------
 
-    async def _ensure_consumer_group(self) -> None:
+    async def _prepare(self) -> None:
+        """Once per object, before the first take, ack or stats: the run's resumes, the consumer group."""
         if self._consumer_group_made:
             return
         self._resumes = [Resume(**orjson.loads(r)) for r in await self.redis.lrange(self.keys.resumes, 0, -1)]
@@ -276,7 +277,7 @@ class Buffer:
         """
         if n < 1:
             raise BufferInputError(f"take_groups needs n >= 1, got {n}")
-        await self._ensure_consumer_group()
+        await self._prepare()
         taken: list[Group] = []
         while len(taken) < n:
             entries = await self._next_entries(n - len(taken), consumer)
@@ -387,7 +388,7 @@ class Buffer:
     async def _per_batch(self, name: str, group_ids: list[str]) -> int:
         if not group_ids:
             return 0
-        await self._ensure_consumer_group()
+        await self._prepare()
         keys = [self.keys.ready, self.keys.stats, *(self.keys.group(gid) for gid in group_ids)]
         return await self._run(name, keys, [CONSUMER_GROUP, time.time(), *group_ids])
 
@@ -395,7 +396,7 @@ class Buffer:
         """A trainer resumes from a checkpoint of weight `version`: from now on, tokens of newer
         versions in sessions opened before now are stale (the killed run sampled them with weights
         this run discarded, and this run will reuse those version numbers)."""
-        await self._ensure_consumer_group()  # reads the earlier resumes first
+        await self._prepare()  # reads the earlier resumes first, so this one is not read twice
         resume = Resume(time.time(), version)
         await self.redis.rpush(self.keys.resumes, orjson.dumps(asdict(resume)))
         self._resumes.append(resume)
@@ -416,16 +417,20 @@ class Buffer:
             pipe.hmget(k.group(gid), ["state", "trainable", "metadata"])
             pipe.hgetall(k.members(gid))
         replies = iter(await pipe.execute())
-        requests = []
+        open_groups, calls = [], []  # concurrent script calls: the batcher sends them in one round trip
         for gid in group_ids:
             (state, trainable, metadata), members = next(replies), next(replies)
             if state != b"open" or trainable == b"0":
                 continue
             held = sorted((int(i), sid.decode()) for i, sid in members.items())
             keys = [k.group(gid), k.members(gid), k.stats, *(k.session(sid) for _, sid in held)]
-            free = await self._run("RECOVER", keys, [time.time(), *(x for pair in held for x in pair)])
-            if free:
-                requests.append(RegenerateRequest(gid, orjson.loads(metadata), [int(i) for i in free], None, None))
+            calls.append(self._run("RECOVER", keys, [time.time(), *(x for pair in held for x in pair)]))
+            open_groups.append((gid, metadata))
+        requests = [
+            RegenerateRequest(gid, orjson.loads(metadata), [int(i) for i in free], None, None)
+            for (gid, metadata), free in zip(open_groups, await asyncio.gather(*calls), strict=True)
+            if free
+        ]
         if requests:
             await self.redis.rpush(k.regenerate, *(orjson.dumps(asdict(r)) for r in requests))
         return requests

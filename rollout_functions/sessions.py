@@ -97,12 +97,6 @@ def http_client() -> httpx.AsyncClient:
 _EVAL_NONCE = uuid.uuid4().hex[:8]
 
 
-def session_sampling(args: Any, evaluation: bool) -> dict[str, Any]:
-    """The rollout's sampling (eval's temperature when evaluating), max new tokens per turn and stop
-    strings, for the turns an agent sends without them; token-in sends them all itself."""
-    return sampling_params(args, evaluation=evaluation)
-
-
 class EpisodeSlots:
     """A counting semaphore that event loops in different threads share.
 
@@ -184,7 +178,8 @@ async def run_groups(
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30), limits=limits) as client:
         _client.set(client)
         sessions = RouterSessions(args.router_url, args.admin_token, client)
-        sampling = session_sampling(args, evaluation)
+        # The rollout's sampling, for the turns an agent sends without it (token-in sends it all itself).
+        sampling = sampling_params(args, evaluation=evaluation)
 
         async def one(sample: Sample, group_size: int) -> Sample:
             async with limit:
@@ -207,10 +202,8 @@ async def run_groups(
                 return sample
 
         # A training group may be partial (the stale members of a reopened group): its size is the run's.
-        sizes = [len(g) if evaluation else args.n_samples_per_prompt for g in groups]
-        results = await asyncio.gather(
-            *(one(s, size) for g, size in zip(groups, sizes, strict=True) for s in g), return_exceptions=True
-        )
+        episodes = (one(s, len(g) if evaluation else args.n_samples_per_prompt) for g in groups for s in g)
+        results = await asyncio.gather(*episodes, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]

@@ -168,10 +168,12 @@ async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
     ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
     unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
     with WeightSync(_sync_config(run, stack)) as sync, contextlib.closing(logger):
-        # Before any rollout the engines serve the trainer's weights and version: a resumed run's, or
-        # a fresh one's where long-lived engines still serve an earlier run's (whose higher version
-        # would make every token look stale).
-        await asyncio.to_thread(sync.sync, trainer)
+        # Before any rollout the engines serve the trainer's version: a resumed run's, or a fresh
+        # one's where long-lived engines still serve an earlier run's (whose higher version would make
+        # every token look stale). Engines started from --model-path already do, and a sync on disk
+        # or NCCL would export the whole model for nothing.
+        if not await asyncio.to_thread(sync.serves, trainer.weight_version):
+            await asyncio.to_thread(sync.sync, trainer)
         async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
             await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
             if start:  # groups the killed run was still generating are finished, not lost

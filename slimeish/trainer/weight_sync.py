@@ -123,6 +123,20 @@ class WeightSync:
         timings["total"] = time.perf_counter() - start
         return timings
 
+    def serves(self, version: int) -> bool:
+        """Whether every engine already reports weight `version` (the router's view of its engines,
+        or each engine's /model_info); an engine that reports none is not trusted to."""
+        if self.config.router_url:
+            r = self._client.get(f"{self.config.router_url.rstrip('/')}/admin/engines")
+            r.raise_for_status()
+            reported = [e.get("weight_version") for e in r.json()["engines"]]
+        else:
+            reported = [
+                self._client.get(f"{u.rstrip('/')}/model_info").json().get("weight_version")
+                for u in self.config.engine_urls
+            ]
+        return bool(reported) and all(v is not None and str(v) == str(version) for v in reported)
+
     @staticmethod
     def _timed(timings: dict[str, float], phase: str, fn):
         t = time.perf_counter()

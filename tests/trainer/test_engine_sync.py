@@ -115,7 +115,11 @@ def test_on_policy_through_router_then_sync_through_admin_fan_out(engine, tiny_m
         with WeightSync(WeightSyncConfig(router_url=url, admin_token="wrong")) as sync, pytest.raises(WeightSyncError):
             sync.sync(trainer)
         with WeightSync(WeightSyncConfig(router_url=url, admin_token=token)) as sync:
+            assert not sync.serves(trainer.weight_version)
             sync.sync(trainer)
+            assert sync.serves(trainer.weight_version)
+        with WeightSync(WeightSyncConfig(engine_urls=[engine], method="tensor")) as sync:
+            assert sync.serves(trainer.weight_version) and not sync.serves(trainer.weight_version + 1)
     fresh, versions = engine_samples(engine, PROMPTS, group_size=1, max_new_tokens=6)
     assert versions == {str(trainer.weight_version)}
     assert _max_abs_diff(trainer, fresh) <= 1e-4
