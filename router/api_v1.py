@@ -2,7 +2,8 @@
 
 Every generation follows the same steps: resolve the session from its key, validate, plan the
 turn's tokens (capture), check the context window, generate on an engine, answer the agent,
-then commit the turn and write it through to the store.
+then commit the turn and write it through to the store. The turn endpoints are dispatched by
+`router.dispatch`, ahead of FastAPI; `/v1/models` is an ordinary route.
 """
 
 from __future__ import annotations
@@ -242,14 +243,10 @@ async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler
         return await handler(state, turn, await read_json(request), started)
 
 
-@api.post("/v1/chat/completions")
-@api.post("/s/{api_key}/v1/chat/completions")
 async def chat_completions(request: Request, api_key: str | None = None) -> Response:
     return await serve_turn(request, api_key, _chat)
 
 
-@api.post("/v1/completions")
-@api.post("/s/{api_key}/v1/completions")
 async def completions(request: Request, api_key: str | None = None) -> Response:
     return await serve_turn(request, api_key, _completion)
 
@@ -337,7 +334,6 @@ async def models(request: Request, api_key: str | None = None) -> dict:
     return {"object": "list", "data": [{**entry, "max_model_len": state.context_length}]}
 
 
-@api.post("/s/{api_key}/generate")
 async def generate(request: Request, api_key: str) -> Response:
     """Token-in path: an SGLang /generate body (single prompt of `input_ids`), captured."""
     state, started = get_state(request), time.time()

@@ -28,5 +28,10 @@ class RouterMetrics:
             "router_engine_failovers", "sessions moved off their engine (it failed or was removed)", registry=r
         )
 
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+        """One served HTTP request."""
+        self.requests.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,12 +7,17 @@ earlier ones were validated when they were new and are compared to the stored co
 
 from __future__ import annotations
 
+import logging
 import re
+import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from buffer.errors import BufferInputError, ConflictError, SessionFinishedError
+from router.engine_pool import EngineError, EngineRejected, NoEngineError
+
+log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -33,6 +38,25 @@ def from_buffer_error(e: BufferInputError) -> APIError:
     if isinstance(e, ConflictError):
         return APIError(409, str(e), code="conflict")
     return APIError(400, str(e), code="buffer_rejected")
+
+
+def as_api_error(e: Exception, method: str, path: str) -> APIError:
+    """What the client is told about any exception a request raised; an unexpected one is a 500
+    whose details stay in the log, under an id the message gives."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, BufferInputError):
+        return from_buffer_error(e)
+    if isinstance(e, NoEngineError):
+        return APIError(503, str(e), type="server_error", code="no_healthy_engine")
+    if isinstance(e, EngineError):
+        return APIError(e.status, str(e), type="server_error", code="engine_error")
+    if isinstance(e, EngineRejected):
+        return APIError(400, str(e), code="engine_rejected")
+    error_id = secrets.token_hex(6)
+    log.error("internal error %s on %s %s", error_id, method, path, exc_info=e)
+    message = f"internal error (id {error_id}); the router's log has the details"
+    return APIError(500, message, type="server_error", code="internal_error")
 
 
 def store_unavailable(e: Exception, what: str) -> APIError:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -20,9 +20,10 @@ from buffer.errors import BufferInputError
 from router.admin import admin
 from router.api_v1 import api
 from router.config import RouterConfig
+from router.dispatch import RouterApp
 from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError
 from router.metrics import RouterMetrics
-from router.openai_api import APIError, from_buffer_error
+from router.openai_api import APIError, as_api_error
 from router.render import ChatRenderer
 from router.responses import json_response
 from router.sessions import SessionRegistry
@@ -59,8 +60,9 @@ def _build_state(config: RouterConfig, store: TurnStore, client: aiohttp.ClientS
     )
 
 
-def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
-    """The router app; `store` overrides the one `config` names (tests pass a MemoryStore)."""
+def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: bool = False) -> RouterApp:
+    """The router app; `store` overrides the one `config` names (tests pass a MemoryStore).
+    `freeze_gc` is for a process that serves only this app (see `_freeze_startup_objects`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,6 +72,8 @@ def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
             state = _build_state(config, store or await open_store(config), client)
             app.state.router = state
             await state.pool.check_health()
+            if freeze_gc:
+                _freeze_startup_objects()
             health = asyncio.create_task(state.pool.health_loop(config.health_interval))
             try:
                 yield
@@ -77,7 +81,7 @@ def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
                 health.cancel()
                 await state.store.close()
 
-    app = FastAPI(title="slimeish router", lifespan=lifespan)
+    app = RouterApp(title="slimeish router", lifespan=lifespan)
     app.include_router(api)
     app.include_router(admin)
     _install_handlers(app)
@@ -85,41 +89,30 @@ def create_app(config: RouterConfig, store: TurnStore | None = None) -> FastAPI:
     return app
 
 
+def _freeze_startup_objects() -> None:
+    """Keep the objects built at start-up (transformers, the tokenizer, FastAPI: ~400k) out of
+    every later garbage collection. Without this, each full collection walks all of them: a
+    ~100 ms pause of the event loop every few seconds under load, i.e. every request in flight
+    then waits that long (the router's p99, docs/benchmarks.md)."""
+    gc.collect()  # what is garbage now would otherwise be frozen with the rest, never freed
+    gc.freeze()
+
+
 def _error(e: APIError) -> Response:
     return json_response(e.body(), e.status)
 
 
 def _install_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> Response:
-        return _error(e)
+    async def api_error(request: Request, e: Exception) -> Response:
+        return _error(as_api_error(e, request.method, request.url.path))
+
+    # `Exception` last: Starlette answers it, then re-raises it for the server's log.
+    for error in (APIError, NoEngineError, EngineError, EngineRejected, BufferInputError, Exception):
+        app.add_exception_handler(error, api_error)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> Response:
         return _error(APIError(400, str(e.errors()[0].get("msg", e))))
-
-    @app.exception_handler(NoEngineError)
-    async def no_engine(_: Request, e: NoEngineError) -> Response:
-        return _error(APIError(503, str(e), type="server_error", code="no_healthy_engine"))
-
-    @app.exception_handler(EngineError)
-    async def engine_error(_: Request, e: EngineError) -> Response:
-        return _error(APIError(e.status, str(e), type="server_error", code="engine_error"))
-
-    @app.exception_handler(BufferInputError)
-    async def buffer_refused(_: Request, e: BufferInputError) -> Response:
-        return _error(from_buffer_error(e))
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, e: Exception) -> Response:
-        error_id = secrets.token_hex(6)  # the details stay in the log, found by this id
-        log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=e)
-        message = f"internal error (id {error_id}); the router's log has the details"
-        return _error(APIError(500, message, type="server_error", code="internal_error"))
-
-    @app.exception_handler(EngineRejected)
-    async def rejected(_: Request, e: EngineRejected) -> Response:
-        return _error(APIError(400, str(e), code="engine_rejected"))
 
 
 class MetricsMiddleware:
@@ -141,11 +134,8 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            state = scope["app"].state.router
-            route = scope.get("route")
-            endpoint = getattr(route, "path", "unmatched").replace("/s/{api_key}", "")
-            state.metrics.requests.labels(endpoint, str(status[0])).inc()
-            state.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+            endpoint = getattr(scope.get("route"), "path", "unmatched").replace("/s/{api_key}", "")
+            scope["app"].state.router.metrics.observe(endpoint, status[0], time.perf_counter() - started)
 
 
 def _install_observability(app: FastAPI) -> None:
@@ -178,4 +168,5 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning", timeout_keep_alive=75)
+    app = create_app(config, freeze_gc=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_keep_alive=75)

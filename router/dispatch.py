@@ -1,0 +1,67 @@
+"""The agent-facing turn endpoints, dispatched as plain ASGI ahead of FastAPI's request path.
+
+Every agent turn passes through here, so this path's cost is the router's cost per turn. FastAPI's
+own path (five middlewares, dependency solving, a wrapper around every `send`) was about a
+quarter of the router's CPU time per chat turn (py-spy, docs/benchmarks.md). The five POST
+routes below are matched on the path string and answered by the handlers in `router.api_v1`,
+with the same error bodies (`as_api_error`) and metrics as every other endpoint. All other
+requests (sessions, admin, `/v1/models`, `/metrics`, `/health`, the OpenAPI docs) go through
+FastAPI as usual.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from router.api_v1 import chat_completions, completions, generate
+from router.openai_api import APIError, as_api_error
+from router.responses import json_response
+
+TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
+
+# Served with a session key in the path (`/s/<key>...`) or in the Authorization header.
+_ANONYMOUS: dict[str, TurnEndpoint] = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
+_PER_SESSION: dict[str, TurnEndpoint] = {**_ANONYMOUS, "/generate": generate}
+
+
+def match_turn_route(path: str) -> tuple[str, TurnEndpoint, str | None] | None:
+    """(endpoint, handler, key in the path) of a turn endpoint, None for any other path."""
+    if handler := _ANONYMOUS.get(path):
+        return path, handler, None
+    if path.startswith("/s/"):
+        key, slash, rest = path[3:].partition("/")
+        if key and slash and (handler := _PER_SESSION.get("/" + rest)):
+            return "/" + rest, handler, key
+    return None
+
+
+async def serve_turn_route(app: FastAPI, route: tuple[str, TurnEndpoint, str | None], scope, receive, send) -> None:
+    endpoint, handler, api_key = route
+    scope["app"] = app  # what Starlette sets: handlers reach the router state through it
+    request = Request(scope, receive)
+    started, status = time.perf_counter(), 500
+    try:
+        try:
+            if scope["method"] != "POST":
+                raise APIError(405, f"{endpoint} takes POST, not {scope['method']}", code="method_not_allowed")
+            response = await handler(request, api_key)
+        except Exception as e:
+            error = as_api_error(e, scope["method"], scope["path"])
+            response = json_response(error.body(), error.status)
+        status = response.status_code
+        await response(scope, receive, send)
+    finally:
+        app.state.router.metrics.observe(endpoint, status, time.perf_counter() - started)
+
+
+class RouterApp(FastAPI):
+    """FastAPI, with the turn endpoints dispatched before its middleware stack."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and (route := match_turn_route(scope["path"])) is not None:
+            return await serve_turn_route(self, route, scope, receive, send)
+        await super().__call__(scope, receive, send)
