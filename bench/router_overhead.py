@@ -131,11 +131,16 @@ async def session_urls(stack: Stack, path: str, n: int) -> list[str]:
     return [s["base_url"] + "/chat/completions" for s in sessions]
 
 
-async def run_load(stack: Stack, path: str, concurrency: int, turns: int, think_s: float = 0.0) -> dict:
+async def run_load(
+    stack: Stack, path: str, concurrency: int, turns: int, think_s: float = 0.0, think_dist: str = "exp"
+) -> dict:
     """`concurrency` sessions, each an episode of `turns` turns, all at once. With `think_s`, each
-    session pauses that long after every answer (the agent's own work, or the generation time the
-    instant stand-in leaves out) and starts at a random offset within one pause, so requests
-    arrive spread out as from independent agents instead of in lockstep waves."""
+    session pauses after every answer (the agent's own work, or the generation time the instant
+    stand-in leaves out) and starts at a random offset within one pause, so requests arrive spread
+    out as from independent agents instead of in lockstep waves. The pause is drawn from an
+    exponential distribution of mean `think_s` ("exp": together the agents send a Poisson stream)
+    or is exactly `think_s` ("fixed": sessions that happen to queue behind each other answer
+    together, pause together and queue again, so clumps form and grow over a run)."""
     if path in ("direct", "smg"):
         base = stack.standin if path == "direct" else stack.smg
         urls = [base + "/generate"] * concurrency
@@ -149,7 +154,7 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int, think_
             t0 = time.perf_counter()
             await step(client)
             lat.append(time.perf_counter() - t0)
-            await asyncio.sleep(think_s)
+            await asyncio.sleep(random.expovariate(1 / think_s) if think_s and think_dist == "exp" else think_s)
 
     async with new_client(concurrency) as client:
         t0, cpu0 = time.perf_counter(), cpu_seconds(stack.router_pid)
@@ -160,6 +165,7 @@ async def run_load(stack: Stack, path: str, concurrency: int, turns: int, think_
         "path": path,
         "concurrency": concurrency,
         "think_ms": 1000 * think_s,
+        "think_dist": think_dist,
         "requests": len(lat),
         "rps": len(lat) / wall,
         "p50_ms": 1000 * lat[len(lat) // 2],
@@ -231,7 +237,7 @@ async def bench(args: argparse.Namespace, stack: Stack) -> str:
     for concurrency in args.concurrency:
         for path in ("direct", "smg", "token-in", "chat"):
             await run_load(stack, path, concurrency, 2)  # warm-up (connections, caches)
-            row = await run_load(stack, path, concurrency, args.turns, args.think_ms / 1000)
+            row = await run_load(stack, path, concurrency, args.turns, args.think_ms / 1000, args.think_dist)
             rows.append(row)
             direct.setdefault(concurrency, row)
             print(row, flush=True)
@@ -266,6 +272,10 @@ def main() -> None:
         "--think-ms", type=float, default=0.0,
         help="pause of each session after every answer (0: a closed loop, each session sends its next turn at once)",
     )  # fmt: skip
+    parser.add_argument(
+        "--think-dist", choices=("exp", "fixed"), default="exp",
+        help="pauses drawn from an exponential distribution of mean --think-ms (independent agents), or all equal",
+    )  # fmt: skip
     parser.add_argument("--no-long", action="store_true", help="skip the per-turn cost of long episodes")
     parser.add_argument("--long-turns", type=int, default=100, help="turns of the long episode")
     parser.add_argument("--sessions", type=int, default=40, help="long episodes run in lockstep")
@@ -287,7 +297,7 @@ def main() -> None:
             stack.stop()
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the end, Python "
-          f"{platform.python_version()}; think time {args.think_ms:g} ms\n\n{report}")  # fmt: skip
+          f"{platform.python_version()}; think time {args.think_ms:g} ms ({args.think_dist})\n\n{report}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -52,6 +52,15 @@ CONNECT_TIMEOUT = 10.0
 HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
 JSON = {"content-type": "application/json"}
 _CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+# SGLang (and uvicorn by default) closes a connection idle for 5 s. Reusing one just as the engine
+# closes it fails the request before the engine reads it, and ejects a healthy engine; so idle
+# connections are dropped here first. Agents often pause longer than that between turns.
+IDLE_CONNECTION_S = 4.0
+
+
+def engine_client(idle_s: float = IDLE_CONNECTION_S) -> aiohttp.ClientSession:
+    """The router's one HTTP client to its engines (many connections: one per concurrent turn)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=idle_s))
 
 
 def _unreachable(e: BaseException) -> bool:

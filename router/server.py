@@ -21,7 +21,7 @@ from router.admin import admin
 from router.api_v1 import api
 from router.config import RouterConfig
 from router.dispatch import RouterApp
-from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError
+from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError, engine_client
 from router.metrics import RouterMetrics
 from router.openai_api import APIError, as_api_error
 from router.render import ChatRenderer
@@ -66,9 +66,7 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Drop idle engine connections well before engines close them (75 s), never racing a close.
-        connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=30)
-        async with aiohttp.ClientSession(connector=connector) as client:
+        async with engine_client() as client:
             state = _build_state(config, store or await open_store(config), client)
             app.state.router = state
             await state.pool.check_health()

@@ -15,7 +15,15 @@ import orjson
 import pytest
 from aiohttp import web
 
-from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError, _unreachable
+from router.engine_pool import (
+    IDLE_CONNECTION_S,
+    EngineError,
+    EnginePool,
+    EngineRejected,
+    NoEngineError,
+    _unreachable,
+    engine_client,
+)
 from slimeish.procs import free_port
 
 OK = {"text": "", "output_ids": [1], "meta_info": {"weight_version": "4", "output_token_logprobs": [[-1.0, 1, None]]}}
@@ -189,3 +197,33 @@ async def test_broadcast_reports_each_engine(engines, pool):
     await engines.set("c", "down")
     results = await pool.broadcast("/flush_cache", None)
     assert [(r["url"], r["ok"]) for r in results] == [(engines.url(n), n != "c") for n in "abc"]
+
+
+async def test_idle_connections_are_dropped_before_sglang_closes_them():
+    """SGLang closes a connection idle for 5 s; the router must not reuse one that old, or a turn
+    races the close, fails, and ejects a healthy engine. Idle limit shortened here to keep the test
+    fast; the default is checked against SGLang's 5 s."""
+    assert IDLE_CONNECTION_S < 5.0
+    client_ports: list[int] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        client_ports.append(request.transport.get_extra_info("peername")[1])
+        return web.json_response(OK)
+
+    app = web.Application()
+    app.router.add_post("/generate", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with engine_client(idle_s=0.3) as client:
+            pool = EnginePool(client, [f"http://127.0.0.1:{port}"], timeout=TIMEOUT)
+            for pause in (0.0, 0.1, 0.6):
+                await asyncio.sleep(pause)
+                await pool.generate({"input_ids": [1]}, None)
+    finally:
+        await runner.cleanup()
+    first, reused, after_idle = client_ports
+    assert reused == first, "a connection idle for less than the limit is kept"
+    assert after_idle != first, "a connection idle for longer than the limit is not reused"
