@@ -407,8 +407,10 @@ class Buffer:
 
         Every open training group gets one request for its places that can no longer be filled:
         indices no session holds (a regeneration popped by the dead process) and sessions still
-        open (their agents died; they are closed as aborted and retired). Finished members are
-        kept. The queue is rebuilt from the groups themselves, so no request is lost or doubled."""
+        open (their agents died; they are closed as aborted and retired) and sessions finished
+        without a reward (the process that would have set it died; they are retired, and a late
+        `set_reward` on one is a ConflictError). Rewarded and failed members are kept. The queue
+        is rebuilt from the groups themselves, so no request is lost or doubled."""
         k = self.keys
         await self.redis.delete(k.regenerate)
         group_ids = [k.group_id_from_key(key.decode()) async for key in self.redis.scan_iter(match=k.groups_pattern())]

@@ -134,6 +134,9 @@ if reward ~= '' then
   if reward == ARGV[2] then return 0 end
   return redis.error_reply('CONFLICT session ' .. ARGV[1] .. ' already has reward ' .. reward)
 end
+if redis.call('HEXISTS', KEYS[1], 'retired_at') == 1 then
+  return redis.error_reply('CONFLICT session ' .. ARGV[1] .. ' was retired from its group; its reward is not used')
+end
 redis.call('HSET', KEYS[1], 'reward', ARGV[2])
 member_done(redis.call('HGET', KEYS[1], 'group_id'), false, ARGV[3])
 return 1
@@ -231,8 +234,9 @@ return 1
 """
 
 # After the rollout side died: free the places of an open training group that can no longer be
-# filled (sessions still open are closed as aborted and retired), and answer every free index,
-# for the caller to queue. Idempotent: a second run finds the same indices free.
+# filled, and answer every free index, for the caller to queue. Sessions still open are closed as
+# aborted and retired; sessions finished without a reward are retired too, since the process that
+# would have set it died with them. Idempotent: a second run finds the same indices free.
 # KEYS: group, members, stats, session... (one per member listed in ARGV)
 # ARGV: now, then index/session_id pairs as read from the members hash
 RECOVER = """
@@ -243,11 +247,15 @@ local filled = {}
 for i = 1, #KEYS - 3 do
   local index, sid = ARGV[2 * i], ARGV[2 * i + 1]
   if redis.call('HGET', KEYS[2], index) == sid then
-    if redis.call('HGET', KEYS[i + 3], 'status') == 'open' then
+    local status, reward = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'reward'))
+    if status == 'open' then
       redis.call('HDEL', KEYS[2], index)
       redis.call('HSET', KEYS[i + 3], 'status', 'aborted', 'finished_at', ARGV[1], 'retired_at', ARGV[1])
       redis.call('HINCRBY', KEYS[3], 'sessions_open', -1)
       redis.call('HINCRBY', KEYS[3], 'sessions_finished', 1)
+    elseif status ~= 'failed' and reward == '' then
+      redis.call('HDEL', KEYS[2], index)
+      redis.call('HSET', KEYS[i + 3], 'retired_at', ARGV[1])
     else
       filled[tonumber(index)] = true
     end

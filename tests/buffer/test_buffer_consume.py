@@ -220,6 +220,23 @@ async def test_recovery_queues_what_a_dead_rollout_side_left_unfinished(buf: Buf
     assert [(s.session_id, s.reward) for s in taken["g"].samples] == [("g-0", 1.0), ("g-1-again", 1.5), ("g-2", 2.0)]
 
 
+async def test_recovery_regenerates_members_whose_reward_never_came(buf: Buffer):
+    # The rollout side finished member 1's episode and died before its reward function ran.
+    await write_session(buf, "g", 0, 2, reward=1.0)
+    await write_session(buf, "g", 1, 2, reward=None)  # finished, reward left for set_reward
+    (request,) = await buf.recover_open_groups()
+    assert (request.group_id, request.indices) == ("g", [1])
+    assert await buf.redis.hget(buf.keys.session("g-1"), "retired_at") is not None
+    with pytest.raises(ConflictError, match="retired"):  # a late reward cannot complete the group
+        await buf.set_reward("g-1", 0.5)
+    assert await buf.take_groups(1, "t") == []
+    await buf.open_session(SessionInfo("g-1-again", "g", 1, 2))
+    await buf.append_turn(turn("g-1-again", 0))
+    await buf.finish_session("g-1-again", 0.5, "completed")
+    (group,) = await buf.take_groups(1, "t")
+    assert [(s.session_id, s.reward) for s in group.samples] == [("g-0", 1.0), ("g-1-again", 0.5)]
+
+
 async def test_after_note_resume_the_killed_runs_newer_tokens_are_regenerated(buf: Buffer, valkey, run_id):
     await write_session(buf, "g", 0, 2, version=3)  # the checkpoint's weights: valid
     await write_session(buf, "g", 1, 2, version=5)  # weights trained after the checkpoint: discarded
