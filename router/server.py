@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -31,8 +30,6 @@ from router.state import RouterState, get_state
 from router.storage import MemoryStore, TurnStore
 from router.turns import TurnRunner
 from slimeish.config import add_dataclass_args, from_namespace
-
-log = logging.getLogger(__name__)
 
 
 async def open_store(config: RouterConfig) -> TurnStore:
@@ -104,7 +101,7 @@ def _install_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, e: Exception) -> Response:
         return _error(as_api_error(e, request.method, request.url.path))
 
-    # `Exception` last: Starlette answers it, then re-raises it for the server's log.
+    # Starlette answers an unexpected `Exception` in its outermost middleware, then re-raises it.
     for error in (APIError, NoEngineError, EngineError, EngineRejected, BufferInputError, Exception):
         app.add_exception_handler(error, api_error)
 
