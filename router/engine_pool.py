@@ -4,8 +4,9 @@ An engine is any server speaking SGLang's native HTTP protocol (an SGLang server
 engine, or an SGLang/smg router in front of several). A session sticks to one engine so its
 prefix stays in that engine's cache; a request whose engine cannot be reached is retried
 on another healthy engine (at most `retries` times), and the failed one is ejected until a health
-check re-admits it. An engine that answers with an error or times out fails only that request: a
-poison request or a long generation must not empty the pool.
+check re-admits it; an engine that dropped a connection is first tried once more. An engine
+that answers with an error or times out fails only that request: a poison request or a long
+generation must not empty the pool.
 
 The client is aiohttp: the router's own cost per turn is mostly this hop, and with many
 connections to one engine httpx spent ~1.1 ms of CPU per request in its connection pool, aiohttp
@@ -61,6 +62,11 @@ IDLE_CONNECTION_S = 4.0
 def engine_client(idle_s: float = IDLE_CONNECTION_S) -> aiohttp.ClientSession:
     """The router's one HTTP client to its engines (many connections: one per concurrent turn)."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=idle_s))
+
+
+def _dropped(e: BaseException) -> bool:
+    """The engine took the connection and closed it before answering (not: could not connect)."""
+    return _unreachable(e) and not isinstance(e, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
 
 
 def _unreachable(e: BaseException) -> bool:
@@ -168,10 +174,12 @@ class EnginePool:
         return min(candidates, key=lambda e: (e.inflight, e.sessions))
 
     async def generate(self, payload: dict, sticky: str | None) -> tuple[dict, Engine]:
-        """POST /generate, retried on another engine only when one cannot be reached."""
+        """POST /generate, retried on another engine only when one cannot be reached (see
+        `_not_reached`)."""
         body = orjson.dumps(payload)
         tried: list[str] = []
-        for _ in range(self.retries + 1):
+        redialed: set[str] = set()
+        while len(tried) <= self.retries:
             engine = self.pick(sticky, set(tried))
             tried.append(engine.url)
             engine.inflight += 1
@@ -183,7 +191,7 @@ class EnginePool:
             except HTTP_ERRORS as e:
                 if not _unreachable(e):
                     raise self._failed(engine, e) from e
-                self._eject(engine, repr(e))
+                self._not_reached(engine, e, tried, redialed)
                 continue
             finally:
                 engine.inflight -= 1
@@ -199,7 +207,8 @@ class EnginePool:
         reached is ejected and the request retried on another one."""
         body = orjson.dumps({**payload, "stream": True})
         tried: list[str] = []
-        for _ in range(self.retries + 1):
+        redialed: set[str] = set()
+        while len(tried) <= self.retries:
             engine = self.pick(sticky, set(tried))
             tried.append(engine.url)
             engine.inflight += 1
@@ -222,7 +231,7 @@ class EnginePool:
                     raise EngineFailedMidStream(f"engine {engine.url} failed mid-stream: {e!r}") from e
                 if not _unreachable(e):
                     raise self._failed(engine, e) from e
-                self._eject(engine, repr(e))
+                self._not_reached(engine, e, tried, redialed)
             finally:
                 engine.inflight -= 1
         raise NoEngineError(f"no engine could be reached (tried {', '.join(tried)})")
@@ -232,6 +241,17 @@ class EnginePool:
         if isinstance(e, TimeoutError):
             return EngineError(504, f"engine {engine.url} did not answer within {self.timeout:g} s")
         return EngineError(502, f"engine {engine.url} failed: {type(e).__name__}")
+
+    def _not_reached(self, engine: Engine, e: BaseException, tried: list[str], redialed: set[str]) -> None:
+        """A request that never reached `engine`. A dropped connection is most likely a kept-alive
+        one the engine was closing: the engine is tried once more (not counted as a retry, another
+        connection) before it is ejected; one that cannot be connected to is ejected at once."""
+        if _dropped(e) and engine.url not in redialed:
+            redialed.add(engine.url)
+            tried.remove(engine.url)
+            log.info("engine %s dropped a connection (%r); trying it again", engine.url, e)
+            return
+        self._eject(engine, repr(e))
 
     def _eject(self, engine: Engine, why: str) -> None:
         log.warning("engine %s failed (%s); ejected until healthy", engine.url, why)

@@ -32,7 +32,8 @@ TIMEOUT = 0.5
 
 class Engines:
     """Engines a, b, c; `await set(name, mode)` with mode "ok", "down" (nothing listens: refused),
-    "reset" (the connection is closed before an answer), "slow" (answers after the timeout),
+    "reset" (the connection is closed before an answer), "reset-once" (that, then "ok"), "slow"
+    (answers after the timeout),
     "500" or "400". `calls` lists the requests that reached a server, as "<name><path>"."""
 
     def __init__(self) -> None:
@@ -59,7 +60,9 @@ class Engines:
     async def handle(self, name: str, request: web.Request) -> web.StreamResponse:
         self.calls.append(f"{name}{request.path}")
         mode = self.modes[name]
-        if mode == "reset":
+        if mode in ("reset", "reset-once"):
+            if mode == "reset-once":
+                self.modes[name] = "ok"
             request.transport.close()
             return web.Response()
         if mode == "slow":
@@ -109,8 +112,34 @@ async def test_unreachable_engine_is_ejected_and_the_request_retried(engines, po
     data, engine = await pool.generate({"input_ids": [1]}, sticky=engines.url("a"))
     assert engine.url != engines.url("a") and data == OK and engine.weight_version == "4"
     assert not pool.engines[engines.url("a")].healthy
-    assert engines.calls[-1].endswith("/generate") and len(engines.calls) == (2 if failure == "reset" else 1)
+    # A dropped connection is tried once more on the same engine before it is ejected.
+    assert engines.calls[-1].endswith("/generate") and len(engines.calls) == (3 if failure == "reset" else 1)
     assert all(e.inflight == 0 for e in pool.engines.values())
+
+
+async def test_a_connection_dropped_once_is_retried_on_the_same_engine(engines, pool):
+    """What a kept-alive connection closing under a request looks like: the engine is fine."""
+    await engines.set("a", "reset-once")
+    data, engine = await pool.generate({"input_ids": [1]}, sticky=engines.url("a"))
+    assert engine.url == engines.url("a") and data == OK and engine.healthy
+    assert engines.calls == ["a/generate", "a/generate"]
+
+
+async def test_a_stream_whose_connection_dropped_once_is_retried_on_the_same_engine(engines, pool):
+    async def reset_then_sse(name: str, request: web.Request) -> web.StreamResponse:
+        engines.calls.append(name)
+        if len(engines.calls) == 1:
+            request.transport.close()
+            return web.Response()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"i": 0}\n\ndata: [DONE]\n\n')
+        return response
+
+    engines.handle = reset_then_sse
+    chunks = [(chunk, engine.url) async for chunk, engine in pool.stream({"input_ids": [1]}, sticky=engines.url("a"))]
+    assert chunks == [({"i": 0}, engines.url("a"))] and engines.calls == ["a", "a"]
+    assert pool.engines[engines.url("a")].healthy
 
 
 @pytest.mark.parametrize(("failure", "status"), [("500", 502), ("slow", 504)])
