@@ -189,7 +189,8 @@ def running(pid: int) -> bool:
 def test_ctrl_c_stops_every_child_process(tiny_model, prompts, valkey, tmp_path):
     """Ctrl-C (SIGINT to the train process's group; its children run in sessions of their own, so it
     never reaches them) stops the buffer, engine and router it started, and the run exits."""
-    argv = train_argv(tiny_model, prompts, tmp_path / "interrupted", valkey.url, "--num-rollout", "50")
+    # More steps than can finish before the signal: at ~10 steps/s, 50 once ran out before it came.
+    argv = train_argv(tiny_model, prompts, tmp_path / "interrupted", valkey.url, "--num-rollout", "100000")
     at = argv.index("--buffer-url")
     del argv[at : at + 2]  # its own embedded buffer: one more child to stop
     with ManagedProcess(argv, log_path=tmp_path / "interrupted.log") as train:
