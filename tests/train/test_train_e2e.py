@@ -7,10 +7,12 @@ The buffer is started by the test so it outlives a SIGKILLed trainer, as a remot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -186,14 +188,28 @@ def running(pid: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def sigint_not_ignored() -> Iterator[None]:
+    """Children started inside get SIGINT at its default, as a run started from a terminal has it.
+    A child inherits an ignored SIGINT, and pytest started in the background (`nohup ... &`, some
+    CI runners) has it ignored: Ctrl-C could then never reach the run, whatever slimeish does."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_stops_every_child_process(tiny_model, prompts, valkey, tmp_path):
     """Ctrl-C (SIGINT to the train process's group; its children run in sessions of their own, so it
     never reaches them) stops the buffer, engine and router it started, and the run exits."""
-    # More steps than can finish before the signal: at ~10 steps/s, 50 once ran out before it came.
+    # More steps than can finish before the signal (~10 steps/s here), so an ignored one cannot pass.
     argv = train_argv(tiny_model, prompts, tmp_path / "interrupted", valkey.url, "--num-rollout", "100000")
     at = argv.index("--buffer-url")
     del argv[at : at + 2]  # its own embedded buffer: one more child to stop
-    with ManagedProcess(argv, log_path=tmp_path / "interrupted.log") as train:
+    with sigint_not_ignored():
+        train = ManagedProcess(argv, log_path=tmp_path / "interrupted.log")
+    with train:
         deadline = time.monotonic() + 240
         while not metrics(tmp_path / "interrupted"):
             assert time.monotonic() < deadline and train.proc.poll() is None, (tmp_path / "interrupted.log").read_text()
