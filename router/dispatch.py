@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from router.api_v1 import chat_completions, completions, generate
 from router.openai_api import APIError, as_api_error
-from router.responses import json_response
+from router.responses import error_response
 
 TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
 
@@ -50,8 +50,7 @@ async def serve_turn_route(app: FastAPI, route: tuple[str, TurnEndpoint, str | N
                 raise APIError(405, f"{endpoint} takes POST, not {scope['method']}", code="method_not_allowed")
             response = await handler(request, api_key)
         except Exception as e:
-            error = as_api_error(e, scope["method"], scope["path"])
-            response = json_response(error.body(), error.status)
+            response = error_response(as_api_error(e, scope["method"], scope["path"]))
         status = response.status_code
         await response(scope, receive, send)
     finally:

@@ -24,7 +24,7 @@ from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngine
 from router.metrics import RouterMetrics
 from router.openai_api import APIError, as_api_error
 from router.render import ChatRenderer
-from router.responses import json_response
+from router.responses import error_response
 from router.sessions import SessionRegistry
 from router.state import RouterState, get_state
 from router.storage import MemoryStore, TurnStore
@@ -93,13 +93,9 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def _error(e: APIError) -> Response:
-    return json_response(e.body(), e.status)
-
-
 def _install_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, e: Exception) -> Response:
-        return _error(as_api_error(e, request.method, request.url.path))
+        return error_response(as_api_error(e, request.method, request.url.path))
 
     # Starlette answers an unexpected `Exception` in its outermost middleware, then re-raises it.
     for error in (APIError, NoEngineError, EngineError, EngineRejected, BufferInputError, Exception):
@@ -107,7 +103,7 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> Response:
-        return _error(APIError(400, str(e.errors()[0].get("msg", e))))
+        return error_response(APIError(400, str(e.errors()[0].get("msg", e))))
 
 
 class MetricsMiddleware:
