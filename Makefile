@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test test-fast lint typecheck format clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,17 +22,30 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m examples.demo.run
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check .
+test: lint
 	$(PY) -m pytest -q
+
+# The tier without end-to-end runs and GPU tests: a minute or two.
+test-fast: lint
+	$(PY) -m pytest -q -m "not slow and not gpu"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# mypy names modules after their paths, so it sees the installed names through a tree of links
+# that mirrors pyproject's package-dir mapping (router/ is slimeish.router, ...).
+MAPPED := router buffer rollout_functions
+TYPES := build/typecheck
+typecheck: $(STAMP)
+	rm -rf $(TYPES) && mkdir -p $(TYPES)/slimeish
+	ln -s $(foreach f,$(wildcard slimeish/*),$(CURDIR)/$(f)) $(TYPES)/slimeish/
+	$(foreach d,$(MAPPED),ln -s $(CURDIR)/$(d) $(TYPES)/slimeish/$(d) &&) true
+	cd $(TYPES) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache -p slimeish
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs build .pytest_cache .ruff_cache .mypy_cache

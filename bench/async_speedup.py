@@ -37,8 +37,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from buffer import Buffer, EmbeddedServer
-from slimeish.procs import ManagedProcess
+from slimeish.buffer import Buffer, EmbeddedServer
+from slimeish.common.procs import ManagedProcess
 from slimeish.run_metrics import read_metrics
 
 AGENT = "bench.heavy_tail_agent.run"
@@ -78,7 +78,8 @@ def train_argv(
     steps = args.samples // (batch * args.n)
     argv = [
         sys.executable, "-m", "slimeish", "train", "--model-path", str(model), "--run-dir", str(run_dir),
-        "--prompt-data", str(prompts), "--rollout-function-path", "rollout_functions.openai_agent.generate_rollout",
+        "--prompt-data", str(prompts),
+        "--rollout-function-path", "slimeish.rollout_functions.openai_agent.generate_rollout",
         "--agent-function-path", AGENT, "--rollout-batch-size", str(batch), "--n-samples-per-prompt", str(args.n),
         "--num-rollout", str(steps), "--rollout-concurrency", str(args.capacity), "--lr", "1e-5",
         "--buffer-url", buffer_url, "--run-id", run_dir.name,

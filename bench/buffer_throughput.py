@@ -19,10 +19,10 @@ import random
 import tempfile
 import time
 
-from buffer import Buffer, EmbeddedServer, SessionInfo, Turn
-from buffer.codec import decode_turn, encode_turn
-from buffer.segments import build_samples
-from slimeish.types import Sample
+from slimeish.buffer import Buffer, EmbeddedServer, SessionInfo, Turn
+from slimeish.buffer.codec import decode_turn, encode_turn
+from slimeish.buffer.segments import build_samples
+from slimeish.common.sample import Sample
 
 
 def make_turn(sid: str, tokens: int, rng: random.Random) -> Turn:

@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import torch
 
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.models.tiny import TinyModelConfig, make_tiny_model
-from slimeish.procs import ManagedProcess, free_port, wait_http
 
 
 def make_workload(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:

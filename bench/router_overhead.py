@@ -31,7 +31,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from slimeish.procs import ManagedProcess, free_port, wait_http
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 
 OUTPUT_LEN = 8
 EOS = 2  # `<|im_end|>` in the tiny tokenizer

@@ -7,9 +7,9 @@ Public API (documented in docs/buffer.md):
 - `EmbeddedServer(dir, port)`: the valkey-server slimeish starts when no --buffer-url is given.
 """
 
-from buffer.client import Buffer
-from buffer.config import BufferConfig
-from buffer.errors import (
+from slimeish.buffer.client import Buffer
+from slimeish.buffer.config import BufferConfig
+from slimeish.buffer.errors import (
     BufferInputError,
     ConflictError,
     NotTakenError,
@@ -17,9 +17,9 @@ from buffer.errors import (
     UnknownGroupError,
     UnknownSessionError,
 )
-from buffer.records import Group, RegenerateRequest, SessionInfo, SessionStatus, Turn
-from buffer.server import EmbeddedServer, ServerConfig
-from buffer.stats import BufferStats
+from slimeish.buffer.records import Group, RegenerateRequest, SessionInfo, SessionStatus, Turn
+from slimeish.buffer.server import EmbeddedServer, ServerConfig
+from slimeish.buffer.stats import BufferStats
 
 __all__ = [
     "Buffer",

@@ -22,10 +22,10 @@ from typing import Any, Literal, TextIO
 import orjson
 from redis.asyncio import Redis
 
-from buffer.client import Buffer
-from buffer.keys import run_id_from_stats_key, run_ids_pattern
-from buffer.server import EmbeddedServer, ServerConfig, connect_or_start
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.buffer.client import Buffer
+from slimeish.buffer.keys import run_id_from_stats_key, run_ids_pattern
+from slimeish.buffer.server import EmbeddedServer, ServerConfig, connect_or_start
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
 
 @dataclass(kw_only=True, slots=True)

@@ -24,18 +24,18 @@ from redis.asyncio import Redis
 from redis.driver_info import DriverInfo
 from redis.exceptions import ResponseError
 
-from buffer import scripts
-from buffer.batching import ScriptBatcher
-from buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
-from buffer.config import FILTER_SIGNATURE, BufferConfig
-from buffer.errors import BufferInputError, UnknownSessionError, from_script_error
-from buffer.keys import CONSUMER_GROUP, Keys
-from buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, SessionStatus, Turn
-from buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
-from buffer.segments import PackedSample, assemble, build_samples, check_next_turn
-from buffer.stats import BufferStats, read_stats
-from slimeish.plugins import load_function
-from slimeish.types import Sample
+from slimeish.buffer import scripts
+from slimeish.buffer.batching import ScriptBatcher
+from slimeish.buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
+from slimeish.buffer.config import FILTER_SIGNATURE, BufferConfig
+from slimeish.buffer.errors import BufferInputError, UnknownSessionError, from_script_error
+from slimeish.buffer.keys import CONSUMER_GROUP, Keys
+from slimeish.buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, SessionStatus, Turn
+from slimeish.buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
+from slimeish.buffer.segments import PackedSample, assemble, build_samples, check_next_turn
+from slimeish.buffer.stats import BufferStats, read_stats
+from slimeish.common.plugins import load_function
+from slimeish.common.sample import Sample
 
 Reward = float | dict[str, Any]
 # BufferStats counters of what a take settles without handing it out.

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from buffer.records import PackedTurn
-from buffer.segments import PackedSample
+from slimeish.buffer.records import PackedTurn
+from slimeish.buffer.segments import PackedSample
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from slimeish.config import help_field
+from slimeish.common.config import help_field
 
 FILTER_SIGNATURE = "def keep(group_id: str, samples: list[Sample]) -> bool"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slimeish.types import Sample
+from slimeish.common.sample import Sample
 
 
 def nonzero_reward_variance(group_id: str, samples: list[Sample]) -> bool:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from buffer.errors import BufferInputError
-from slimeish.types import Sample
+from slimeish.buffer.errors import BufferInputError
+from slimeish.common.sample import Sample
 
 _MAX_TOKEN_ID = 2**31 - 1  # stored as int32
 
@@ -155,6 +155,34 @@ class Group:
     samples: list[Sample]  # ordered by (index in group, segment index); failed members have none
     metadata: dict[str, Any]  # the metadata of the group's first opened session
     entry_id: str  # the stream entry under which it was handed out
+
+
+@dataclass(slots=True)
+class TakeResult:
+    """What one `Buffer.take_groups` call settled: the groups it handed out, and the groups it
+    settled without handing them out. Either way their rollout slots are free again."""
+
+    groups: list[Group] = field(default_factory=list)
+    reopened: int = 0  # groups with stale members, reopened; those members come back to be regenerated
+    regenerated: int = 0  # members of the reopened groups queued to be generated again
+    dropped_stale: int = 0  # groups too stale to reopen
+    dropped_failed: int = 0  # groups with too many failed members
+    filtered: int = 0  # groups the group filter refused
+
+    @property
+    def settled(self) -> int:
+        """Groups taken or skipped: how many rollout slots this take frees."""
+        return len(self.groups) + self.reopened + self.dropped_stale + self.dropped_failed + self.filtered
+
+    def counters(self) -> dict[str, int]:
+        """The skips under the names of their `buffer/...` metrics and `BufferStats` counters."""
+        return {
+            "groups_reopened": self.reopened,
+            "members_regenerated": self.regenerated,
+            "groups_dropped_stale": self.dropped_stale,
+            "groups_dropped_failed": self.dropped_failed,
+            "groups_filtered": self.filtered,
+        }
 
 
 @dataclass(slots=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from buffer.config import BufferConfig
-from buffer.records import SessionStatus
-from slimeish.types import Sample
+from slimeish.buffer.config import BufferConfig
+from slimeish.buffer.records import SessionStatus
+from slimeish.common.sample import Sample
 
 GroupFilter = Callable[[str, list[Sample]], bool]
 

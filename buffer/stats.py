@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from redis.asyncio import Redis
 
-from buffer.keys import CONSUMER_GROUP, Keys
+from slimeish.buffer.keys import CONSUMER_GROUP, Keys
 
 
 @dataclass(slots=True)

@@ -18,9 +18,9 @@ import os
 import signal
 from typing import Any
 
-from rollout_functions.sessions import Session, episode_groups, rollout_output, run_groups
+from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slimeish.types import Sample
+from slimeish.rollout_functions.sessions import Session, episode_groups, rollout_output, run_groups
 
 
 class AgentCommandError(RuntimeError):
@@ -76,7 +76,7 @@ def generate_rollout(
     args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     if not args.agent_command:
-        raise ValueError("rollout_functions.agent_command needs --agent-command")
+        raise ValueError("slimeish.rollout_functions.agent_command needs --agent-command")
 
     async def episode(session: Session, sample: Sample) -> Sample:
         env = episode_env(session, sample)

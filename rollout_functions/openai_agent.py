@@ -18,10 +18,17 @@ from typing import Any
 import httpx
 import openai
 
-from rollout_functions.sessions import EpisodeFn, Session, episode_groups, http_client, rollout_output, run_groups
-from slimeish.plugins import load_function
+from slimeish.common.plugins import load_function
+from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput, load_reward_function
-from slimeish.types import Sample
+from slimeish.rollout_functions.sessions import (
+    EpisodeFn,
+    Session,
+    episode_groups,
+    http_client,
+    rollout_output,
+    run_groups,
+)
 
 AGENT_SIGNATURE = "async def agent(client: openai.AsyncOpenAI, sample: Sample) -> float | None"
 AgentFn = Callable[[openai.AsyncOpenAI, Sample], Awaitable[float | None]]
@@ -68,7 +75,7 @@ def generate_rollout(
     args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     if not args.agent_function_path:
-        raise ValueError("rollout_functions.openai_agent needs --agent-function-path")
+        raise ValueError("slimeish.rollout_functions.openai_agent needs --agent-function-path")
     agent = load_agent_function(args.agent_function_path)
     rm = load_reward_function(args.custom_rm_path) if args.custom_rm_path else None
     groups = episode_groups(args, data_source, evaluation)

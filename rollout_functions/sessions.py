@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from slimeish.common.sample import Sample
 from slimeish.rollout import (
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
@@ -29,7 +30,6 @@ from slimeish.rollout import (
     session_metadata,
     training_group_id,
 )
-from slimeish.types import Sample
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import asyncio
 import functools
 from typing import Any
 
-from rollout_functions.sessions import Session, episode_groups, http_client, rollout_output, run_groups
+from slimeish.common.sample import Sample
 from slimeish.rollout import (
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
@@ -21,7 +21,7 @@ from slimeish.rollout import (
     load_reward_function,
     sampling_params,
 )
-from slimeish.types import Sample
+from slimeish.rollout_functions.sessions import Session, episode_groups, http_client, rollout_output, run_groups
 
 _FINISH_STATUS = {"stop": Sample.Status.COMPLETED, "length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED}
 
@@ -66,7 +66,9 @@ def generate_rollout(
     gen = load_generate_function(args.custom_generate_function_path) if args.custom_generate_function_path else generate
     rm = load_reward_function(args.custom_rm_path) if args.custom_rm_path else None
     if rm is None and gen is generate:
-        raise ValueError("rollout_functions.token_in needs --custom-rm-path: the default generate sets no reward")
+        raise ValueError(
+            "slimeish.rollout_functions.token_in needs --custom-rm-path: the default generate sets no reward"
+        )
     params = sampling_params(args, evaluation=evaluation)
 
     async def episode(session: Session, sample: Sample) -> Sample:

@@ -10,12 +10,12 @@ from typing import Annotated, TypeVar
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
-from buffer.records import SessionInfo
-from router.api_v1 import parse, read_json
-from router.openai_api import APIError, store_unavailable
-from router.sessions import Closed, CreateSession, FinishSession, Session
-from router.state import RouterState, get_state
-from router.storage import STORE_ERRORS
+from slimeish.buffer.records import SessionInfo
+from slimeish.router.api_v1 import parse, read_json
+from slimeish.router.openai_api import APIError, store_unavailable
+from slimeish.router.sessions import Closed, CreateSession, FinishSession, Session
+from slimeish.router.state import RouterState, get_state
+from slimeish.router.storage import STORE_ERRORS
 
 admin = APIRouter()
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Every generation follows the same steps: resolve the session from its key, validate, plan the
 turn's tokens (capture), check the context window, generate on an engine, answer the agent,
 then commit the turn and write it through to the store. The turn endpoints are dispatched by
-`router.dispatch`, ahead of FastAPI; `/v1/models` is an ordinary route.
+`slimeish.router.dispatch`, ahead of FastAPI; `/v1/models` is an ordinary route.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from buffer.errors import BufferInputError
-from router import responses as R
-from router.capture import Capture, TurnPlan
-from router.engine_pool import EngineFailedMidStream
-from router.openai_api import (
+from slimeish.buffer.errors import BufferInputError
+from slimeish.router import responses as R
+from slimeish.router.capture import Capture, TurnPlan
+from slimeish.router.engine_pool import EngineFailedMidStream
+from slimeish.router.openai_api import (
     APIError,
     ChatRequest,
     CompletionRequest,
@@ -33,12 +33,12 @@ from router.openai_api import (
     from_validation_error,
     validate_messages,
 )
-from router.render import ChatRenderer, TemplateError
-from router.sessions import Session
-from router.state import RouterState, get_state
-from router.streaming import StreamedTurn, chat_events, completion_events, sse
-from router.tool_parser import parse_tool_calls
-from router.turns import Generation
+from slimeish.router.render import ChatRenderer, TemplateError
+from slimeish.router.sessions import Session
+from slimeish.router.state import RouterState, get_state
+from slimeish.router.streaming import StreamedTurn, chat_events, completion_events, sse
+from slimeish.router.tool_parser import parse_tool_calls
+from slimeish.router.turns import Generation
 
 api = APIRouter()
 KEY_PREFIX = "sk-slimeish-"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from router import history as H
-from router.render import ChatRenderer, TemplateError
+from slimeish.router import history as H
+from slimeish.router.render import ChatRenderer, TemplateError
 
 Validator = Callable[[list[dict], int], None]
 

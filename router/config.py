@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from slimeish.config import help_field
+from slimeish.common.config import help_field
 
 
 @dataclass(kw_only=True)

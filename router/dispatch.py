@@ -3,7 +3,7 @@
 Every agent turn passes through here, so this path's cost is the router's cost per turn. FastAPI's
 own path (five middlewares, dependency solving, a wrapper around every `send`) was about a
 quarter of the router's CPU time per chat turn (py-spy, docs/benchmarks.md). The five POST
-routes below are matched on the path string and answered by the handlers in `router.api_v1`,
+routes below are matched on the path string and answered by the handlers in `slimeish.router.api_v1`,
 with the same error bodies (`as_api_error`) and metrics as every other endpoint. All other
 requests (sessions, admin, `/v1/models`, `/metrics`, `/health`, the OpenAPI docs) go through
 FastAPI as usual.
@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from router.api_v1 import chat_completions, completions, generate
-from router.openai_api import APIError, as_api_error
-from router.responses import error_response
+from slimeish.router.api_v1 import chat_completions, completions, generate
+from slimeish.router.openai_api import APIError, as_api_error
+from slimeish.router.responses import error_response
 
 TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from buffer.errors import BufferInputError, ConflictError, SessionFinishedError
-from router.engine_pool import EngineError, EngineRejected, NoEngineError
+from slimeish.buffer.errors import BufferInputError, ConflictError, SessionFinishedError
+from slimeish.router.engine_pool import EngineError, EngineRejected, NoEngineError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
-from router.tool_parser import TOOL_CALL_OPEN
+from slimeish.router.tool_parser import TOOL_CALL_OPEN
 
 _ARGS_MARK = "slimeish_arguments"  # a key no real call uses: marks where a rendered call's arguments begin
 

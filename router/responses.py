@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from router.openai_api import APIError
-from router.render import ChatRenderer
-from router.turns import Generation
+from slimeish.router.openai_api import APIError
+from slimeish.router.render import ChatRenderer
+from slimeish.router.turns import Generation
 
 _FINISH = {"stop": "stop", "length": "length"}
 

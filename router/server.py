@@ -15,27 +15,27 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from buffer.errors import BufferInputError
-from router.admin import admin
-from router.api_v1 import api
-from router.config import RouterConfig
-from router.dispatch import RouterApp
-from router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError, engine_client
-from router.metrics import RouterMetrics
-from router.openai_api import APIError, as_api_error
-from router.render import ChatRenderer
-from router.responses import error_response
-from router.sessions import SessionRegistry
-from router.state import RouterState, get_state
-from router.storage import MemoryStore, TurnStore
-from router.turns import TurnRunner
-from slimeish.config import add_dataclass_args, from_namespace
+from slimeish.buffer.errors import BufferInputError
+from slimeish.common.config import add_dataclass_args, from_namespace
+from slimeish.router.admin import admin
+from slimeish.router.api_v1 import api
+from slimeish.router.config import RouterConfig
+from slimeish.router.dispatch import RouterApp
+from slimeish.router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError, engine_client
+from slimeish.router.metrics import RouterMetrics
+from slimeish.router.openai_api import APIError, as_api_error
+from slimeish.router.render import ChatRenderer
+from slimeish.router.responses import error_response
+from slimeish.router.sessions import SessionRegistry
+from slimeish.router.state import RouterState, get_state
+from slimeish.router.storage import MemoryStore, TurnStore
+from slimeish.router.turns import TurnRunner
 
 
 async def open_store(config: RouterConfig) -> TurnStore:
     if config.buffer_url is None:
         return MemoryStore()
-    from router.storage import BufferStore
+    from slimeish.router.storage import BufferStore
 
     return await BufferStore.connect(config.buffer_url, config.run_id)
 

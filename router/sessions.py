@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.capture import Capture
-from router.openai_api import TopK
-from router.render import ChatRenderer
+from slimeish.router.capture import Capture
+from slimeish.router.openai_api import TopK
+from slimeish.router.render import ChatRenderer
 
 FinishStatus = Literal["completed", "truncated", "aborted", "failed"]
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from router.config import RouterConfig
-from router.engine_pool import EnginePool
-from router.metrics import RouterMetrics
-from router.render import ChatRenderer
-from router.sessions import SessionRegistry
-from router.storage import TurnStore
-from router.turns import TurnRunner
+from slimeish.router.config import RouterConfig
+from slimeish.router.engine_pool import EnginePool
+from slimeish.router.metrics import RouterMetrics
+from slimeish.router.render import ChatRenderer
+from slimeish.router.sessions import SessionRegistry
+from slimeish.router.storage import TurnStore
+from slimeish.router.turns import TurnRunner
 
 
 @dataclass

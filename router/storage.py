@@ -12,10 +12,10 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from buffer.client import Buffer
-from buffer.records import SessionInfo, Turn
-from buffer.segments import build_samples
-from slimeish.types import Sample
+from slimeish.buffer.client import Buffer
+from slimeish.buffer.records import SessionInfo, Turn
+from slimeish.buffer.segments import build_samples
+from slimeish.common.sample import Sample
 
 # Failures to reach the store (not refusals of the input): the write may be retried.
 STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)

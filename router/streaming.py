@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from router.tool_parser import TOOL_CALL_OPEN
-from router.turns import Generation, parse_generation
+from slimeish.router.tool_parser import TOOL_CALL_OPEN
+from slimeish.router.turns import Generation, parse_generation
 
 
 def _held_suffix(text: str, markers: list[str]) -> int:

@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from buffer.records import Turn
-from router.capture import TurnPlan
-from router.engine_pool import EnginePool
-from router.history import PARALLEL_CHOICE
-from router.metrics import RouterMetrics
-from router.openai_api import APIError, store_unavailable
-from router.sessions import Session
-from router.storage import STORE_ERRORS, TurnStore
+from slimeish.buffer.records import Turn
+from slimeish.router.capture import TurnPlan
+from slimeish.router.engine_pool import EnginePool
+from slimeish.router.history import PARALLEL_CHOICE
+from slimeish.router.metrics import RouterMetrics
+from slimeish.router.openai_api import APIError, store_unavailable
+from slimeish.router.sessions import Session
+from slimeish.router.storage import STORE_ERRORS, TurnStore
 
 log = logging.getLogger(__name__)
 

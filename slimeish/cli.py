@@ -13,8 +13,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny-model": ("slimeish.models.tiny:main", "write a tiny HF-format causal LM + tokenizer"),
     "engine": ("slimeish.engine.server:main", "serve a model with the embedded SGLang-protocol engine"),
-    "buffer": ("buffer.cli:main", "run or inspect the Redis data buffer (serve, stats, export)"),
-    "router": ("router.server:main", "run the OpenAI-compatible token-logging router"),
+    "buffer": ("slimeish.buffer.cli:main", "run or inspect the Redis data buffer (serve, stats, export)"),
+    "router": ("slimeish.router.server:main", "run the OpenAI-compatible token-logging router"),
     "train": ("slimeish.train:main", "launch an RL run: buffer, engines, router, trainer"),
 }
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slimeish.config import add_dataclass_args, from_namespace, help_field
-from slimeish.types import Sample
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.sample import Sample
 
 T = TypeVar("T")  # an item of a prompt set, turned into a JSONL record
 C = TypeVar("C")  # a data command's config dataclass

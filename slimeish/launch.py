@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from slimeish.config import help_field
+from slimeish.common.config import help_field
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.engine.protocol import ENGINE_NAME
-from slimeish.procs import ManagedProcess, free_port, wait_http
 
 
 @dataclass(kw_only=True)

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from buffer.client import Buffer
-from buffer.records import SessionInfo, Turn
+from slimeish.buffer.client import Buffer
+from slimeish.buffer.records import SessionInfo, Turn
+from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.rollout import RolloutFnTrainOutput, session_metadata, training_group_id
-from slimeish.types import Sample
 
 log = logging.getLogger("slimeish.producer")
 

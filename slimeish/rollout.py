@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimeish.config import help_field
-from slimeish.plugins import load_function
-from slimeish.types import Sample
+from slimeish.common.config import help_field
+from slimeish.common.plugins import load_function
+from slimeish.common.sample import Sample
 
 ROLLOUT_SIGNATURE = (
     "def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False)"
@@ -49,17 +49,18 @@ class RolloutFnEvalOutput:
 @dataclass(kw_only=True)
 class RolloutConfig:
     rollout_function_path: str = help_field(
-        "rollout_functions.token_in.generate_rollout", help=f"rollout function: {ROLLOUT_SIGNATURE}"
+        "slimeish.rollout_functions.token_in.generate_rollout", help=f"rollout function: {ROLLOUT_SIGNATURE}"
     )
     custom_generate_function_path: str | None = help_field(
         None, help=f"per-sample generate used by token_in (default: token-in through the router): {GENERATE_SIGNATURE}"
     )
     custom_rm_path: str | None = help_field(None, help=f"reward function: {REWARD_SIGNATURE}")
     agent_function_path: str | None = help_field(
-        None, help="agent for rollout_functions.openai_agent: async def agent(client: openai.AsyncOpenAI, sample)"
+        None,
+        help="agent for slimeish.rollout_functions.openai_agent: async def agent(client: openai.AsyncOpenAI, sample)",
     )
     agent_command: str | None = help_field(
-        None, help="shell command run per episode by rollout_functions.agent_command (OPENAI_BASE_URL/KEY set)"
+        None, help="shell command run per episode by slimeish.rollout_functions.agent_command (OPENAI_BASE_URL/KEY set)"
     )
     verifier_command: str | None = help_field(
         None, help="shell command that prints the reward for agent_command when the agent does not"

@@ -25,17 +25,17 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
-from buffer.client import Buffer
-from buffer.config import BufferConfig
-from buffer.records import Group
-from slimeish.config import add_dataclass_args, from_namespace, help_field, load_yaml
+from slimeish.buffer.client import Buffer
+from slimeish.buffer.config import BufferConfig
+from slimeish.buffer.records import Group
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field, load_yaml
+from slimeish.common.sample import Sample
 from slimeish.data import DataConfig, DataSource, read_prompts
 from slimeish.launch import Stack, StackConfig
 from slimeish.producer import RolloutProducer
 from slimeish.rollout import RolloutConfig, load_generate_function, load_reward_function, load_rollout_function
 from slimeish.run_metrics import MetricsLogger, RouterCounters, drop_steps_from
 from slimeish.trainer.config import LossConfig, TrainerConfig
-from slimeish.types import Sample
 
 log = logging.getLogger("slimeish.train")
 CONSUMER = "trainer"
@@ -148,7 +148,7 @@ def check_plugins(cfg: RolloutConfig) -> None:
     if cfg.custom_rm_path:
         load_reward_function(cfg.custom_rm_path)
     if cfg.agent_function_path:
-        from rollout_functions.openai_agent import load_agent_function
+        from slimeish.rollout_functions.openai_agent import load_agent_function
 
         load_agent_function(cfg.agent_function_path)
 

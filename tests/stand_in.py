@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from slimeish.procs import free_port
+from slimeish.common.procs import free_port
 
 
 @contextlib.contextmanager

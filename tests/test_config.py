@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from slimeish.config import add_dataclass_args, from_namespace, help_field, load_yaml
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field, load_yaml
 
 
 @dataclass(kw_only=True)

@@ -1,1 +1,1 @@
-"""An external agent program trained through `rollout_functions.agent_command`."""
+"""An external agent program trained through `slimeish.rollout_functions.agent_command`."""

@@ -1,6 +1,6 @@
 """An agent that does not know it is being trained: plain `openai` SDK code, one run per episode.
 
-`rollout_functions.agent_command` starts it with `OPENAI_BASE_URL` / `OPENAI_API_KEY` pointing at
+`slimeish.rollout_functions.agent_command` starts it with `OPENAI_BASE_URL` / `OPENAI_API_KEY` pointing at
 the episode's router session, and `SLIMEISH_PROMPT` / `SLIMEISH_LABEL` (JSON) describing the task.
 Against any other OpenAI-compatible server it runs the same way. Two turns:
 

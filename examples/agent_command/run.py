@@ -4,7 +4,7 @@
     python -m examples.agent_command.run --verifier      # agent prints its answer, verifier.py scores it
 
 `slimeish train` starts the embedded buffer, a CPU engine with a tiny model, and the router;
-`rollout_functions.agent_command` runs `agent.py` once per episode against its own router
+`slimeish.rollout_functions.agent_command` runs `agent.py` once per episode against its own router
 session. Flags not listed by `--help` go to `slimeish train` unchanged and win (e.g.
 `--num-rollout 20`, or `--engine-url URL --weight-sync disk --device cuda` with a real
 `--model-path`).
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from examples.math_sglang.data import MathDataConfig, write_datasets
 from slimeish import train
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
 HERE = Path(__file__).resolve().parent
 TRAIN_ARGS = [
-    "--rollout-function-path", "rollout_functions.agent_command.generate_rollout",
+    "--rollout-function-path", "slimeish.rollout_functions.agent_command.generate_rollout",
     "--device", "cpu", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--lr", "1e-5",
     "--rollout-timeout", "120",
 ]  # fmt: skip

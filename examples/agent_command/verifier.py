@@ -1,6 +1,6 @@
 """Score an `agent.py --answer-only` run: its stdout on stdin, the label in `SLIMEISH_LABEL`.
 
-`rollout_functions.agent_command` runs this (`--verifier-command`) when the agent's last stdout
+`slimeish.rollout_functions.agent_command` runs this (`--verifier-command`) when the agent's last stdout
 line is not a reward. It prints `{"reward": x}` with the agent's own scoring rule, so the two
 ways of running the example train on the same reward.
 """

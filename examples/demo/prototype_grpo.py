@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from examples.demo.task import TOOLS, Problem, TaskConfig, call_tool, format_tool_result, make_splits, reward
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
 _TOOL_CALL_RE = re.compile(r"^\s*<tool_call>\s*(.*?)\s*</tool_call>\s*$", re.S)
 

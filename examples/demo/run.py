@@ -20,7 +20,7 @@ from pathlib import Path
 
 from examples.demo.sft import SFTConfig, sft
 from examples.demo.task import TaskConfig, write_datasets
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 from slimeish.models.tiny import TinyModelConfig, make_tiny_model
 from slimeish.run_metrics import read_metrics
 
@@ -65,7 +65,7 @@ def train_argv(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> list[s
         "--run-dir", str(cfg.run_dir / "rl"),
         "--prompt-data", str(train),
         "--eval-prompt-data", str(eval_),
-        "--rollout-function-path", "rollout_functions.openai_agent.generate_rollout",
+        "--rollout-function-path", "slimeish.rollout_functions.openai_agent.generate_rollout",
         "--agent-function-path", "examples.demo.agent.run_agent",
         "--mode", cfg.mode,
         "--num-rollout", str(cfg.num_rollout),

@@ -42,7 +42,7 @@ from examples.demo.task import (
     format_tool_result,
     make_splits,
 )
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
 
 @dataclass(kw_only=True)

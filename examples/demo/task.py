@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slimeish.config import help_field
+from slimeish.common.config import help_field
 from slimeish.data import prompt_sets_main, write_prompt_sets
 
 # question word -> tool name; the policy must learn this mapping.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slimeish.config import help_field
+from slimeish.common.config import help_field
 from slimeish.data import prompt_sets_main, write_prompt_sets
 
 # Qwen2.5-Instruct's own math prompt convention; examples.math_sglang.reward reads \boxed{} first.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from slimeish.types import Sample
+from slimeish.common.sample import Sample
 
 _NUMBER = re.compile(r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:)", re.IGNORECASE)

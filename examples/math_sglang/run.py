@@ -19,7 +19,7 @@ from pathlib import Path
 
 from examples.math_sglang.data import MathDataConfig, write_datasets
 from slimeish import train
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 from slimeish.launch import check_engine
 
 REWARD = "examples.math_sglang.reward.reward"

@@ -21,7 +21,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from slimeish.config import add_dataclass_args, from_namespace
+from slimeish.common.config import add_dataclass_args, from_namespace
 from slimeish.engine.config import EngineConfig
 from slimeish.engine.model_runner import ModelRunner
 from slimeish.engine.protocol import (

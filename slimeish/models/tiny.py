@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from slimeish.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
 Arch = Literal["qwen2", "llama", "qwen3"]
 

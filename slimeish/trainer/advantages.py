@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
-from slimeish.types import Sample
+from slimeish.common.sample import Sample
 
 
 def group_normalized_advantages(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from slimeish.types import Sample
+from slimeish.common.sample import Sample
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,6 +1,6 @@
 """Typed configs of the trainer: model/optimisation (`TrainerConfig`) and the RL loss (`LossConfig`).
 
-Each maps onto CLI flags with `slimeish.config.add_dataclass_args`; they are separate dataclasses
+Each maps onto CLI flags with `slimeish.common.config.add_dataclass_args`; they are separate dataclasses
 so each becomes its own flag group.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from slimeish.config import help_field
+from slimeish.common.config import help_field
 
 
 @dataclass(kw_only=True)

@@ -11,7 +11,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from slimeish.procs import free_port
+from slimeish.common.procs import free_port
 
 
 def init_distributed(*, use_gpu: bool, tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from slimeish.common.sample import Sample
 from slimeish.trainer import checkpoint, hf_io
 from slimeish.trainer import losses as L
 from slimeish.trainer.advantages import (
@@ -36,7 +37,6 @@ from slimeish.trainer.optimizer import (
     set_lr,
     wrap_gpu_model,
 )
-from slimeish.types import Sample
 
 
 class Trainer:

@@ -32,8 +32,8 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
-from slimeish.config import help_field
-from slimeish.procs import free_port
+from slimeish.common.config import help_field
+from slimeish.common.procs import free_port
 from slimeish.trainer.distributed import global_rank
 
 

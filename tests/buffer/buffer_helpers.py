@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from buffer import Buffer, SessionInfo, Turn
+from slimeish.buffer import Buffer, SessionInfo, Turn
 
 
 def turn(

@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 
-from buffer import Buffer, SessionInfo, Turn
+from slimeish.buffer import Buffer, SessionInfo, Turn
 
 
 async def consume(url: str, run_id: str, n: int, out: str) -> None:

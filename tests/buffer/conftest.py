@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 
-from buffer import Buffer, EmbeddedServer
-from buffer.keys import PREFIX
+from slimeish.buffer import Buffer, EmbeddedServer
+from slimeish.buffer.keys import PREFIX
 
 
 @pytest.fixture(scope="session")

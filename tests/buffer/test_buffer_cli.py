@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from buffer import Buffer, EmbeddedServer
-from buffer.cli import main
-from buffer.server import SERVER_INFO, connect_or_start, running_server_url
-from slimeish.procs import ManagedProcess, free_port
+from slimeish.buffer import Buffer, EmbeddedServer
+from slimeish.buffer.cli import main
+from slimeish.buffer.server import SERVER_INFO, connect_or_start, running_server_url
+from slimeish.common.procs import ManagedProcess, free_port
 from tests.buffer.buffer_helpers import write_group
 
 REPO = str(Path(__file__).resolve().parents[2])

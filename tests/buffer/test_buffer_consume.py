@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from buffer import Buffer, BufferConfig, ConflictError, NotTakenError, SessionInfo, UnknownGroupError
+from slimeish.buffer import Buffer, BufferConfig, ConflictError, NotTakenError, SessionInfo, UnknownGroupError
 from tests.buffer.buffer_helpers import turn, write_group, write_session
 
 
@@ -147,7 +147,9 @@ async def test_a_fully_stale_group_is_regenerated_whole_then_dropped_if_still_st
 
 async def test_failed_policy_and_filter_by_import_path(valkey, run_id):
     config = BufferConfig(
-        failed_policy="keep_successful", min_successful=2, group_filter_path="buffer.filters.nonzero_reward_variance"
+        failed_policy="keep_successful",
+        min_successful=2,
+        group_filter_path="slimeish.buffer.filters.nonzero_reward_variance",
     )
     async with Buffer(valkey.url, run_id, config) as buf:
         await write_group(buf, "same", rewards=[1.0, 1.0])
@@ -169,7 +171,7 @@ async def test_failed_policy_and_filter_by_import_path(valkey, run_id):
 
 def test_bad_filter_path_fails_at_construction(valkey, run_id):
     with pytest.raises(ValueError, match="expected def keep"):
-        Buffer(valkey.url, run_id, BufferConfig(group_filter_path="buffer.filters.no_such_filter"))
+        Buffer(valkey.url, run_id, BufferConfig(group_filter_path="slimeish.buffer.filters.no_such_filter"))
 
 
 async def test_evaluation_groups_are_stored_but_never_handed_out(buf: Buffer):

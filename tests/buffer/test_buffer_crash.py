@@ -9,9 +9,9 @@ from pathlib import Path
 
 import redis
 
-from buffer import Buffer, EmbeddedServer
-from buffer.keys import Keys
-from slimeish.procs import ManagedProcess
+from slimeish.buffer import Buffer, EmbeddedServer
+from slimeish.buffer.keys import Keys
+from slimeish.common.procs import ManagedProcess
 from tests.buffer.buffer_helpers import write_group
 
 PROCS = str(Path(__file__).with_name("buffer_procs.py"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from buffer import BufferConfig, SessionStatus
-from buffer.filters import nonzero_reward_variance
-from buffer.rules import Member, judge
-from slimeish.types import Sample
+from slimeish.buffer import BufferConfig, SessionStatus
+from slimeish.buffer.filters import nonzero_reward_variance
+from slimeish.buffer.rules import Member, judge
+from slimeish.common.sample import Sample
 
 OK, FAILED = SessionStatus.COMPLETED, SessionStatus.FAILED
 
@@ -62,7 +62,7 @@ def test_members_from_discarded_weights_are_stale_even_without_a_bound():
 
 
 def test_tokens_from_weights_a_resume_discarded_are_stale_though_their_versions_come_again():
-    from buffer.rules import Resume
+    from slimeish.buffer.rules import Resume
 
     resumes = [Resume(at=100.0, version=3)]  # resumed at t=100 from a checkpoint of version 3
     before = Member(0, "old", OK, [Sample(weight_versions=[4])], created_at=90.0)  # the killed run's version 4

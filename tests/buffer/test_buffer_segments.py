@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from buffer import BufferInputError, Turn
-from buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
-from buffer.segments import assemble, build_samples, check_next_turn
-from slimeish.types import Sample
+from slimeish.buffer import BufferInputError, Turn
+from slimeish.buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
+from slimeish.buffer.segments import assemble, build_samples, check_next_turn
+from slimeish.common.sample import Sample
 from tests.buffer.buffer_helpers import turn
 
 

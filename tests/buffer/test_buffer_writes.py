@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from buffer import (
+from slimeish.buffer import (
     Buffer,
     BufferInputError,
     ConflictError,
@@ -13,7 +13,7 @@ from buffer import (
     SessionInfo,
     UnknownSessionError,
 )
-from buffer.keys import PREFIX
+from slimeish.buffer.keys import PREFIX
 from tests.buffer.buffer_helpers import turn, write_session
 
 

@@ -1,4 +1,4 @@
-"""The demo agent and rollout_functions.openai_agent against the stand-in router (conftest)."""
+"""The demo agent and slimeish.rollout_functions.openai_agent against the stand-in router (conftest)."""
 
 import asyncio
 import dataclasses
@@ -11,11 +11,11 @@ import pytest
 
 from examples.demo.agent import solve
 from examples.demo.task import OPS, TOOL_NAMES, Problem
-from rollout_functions.openai_agent import agent_episode, generate_rollout, load_agent_function
-from rollout_functions.sessions import run_groups
+from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.rollout import RolloutConfig
-from slimeish.types import Sample
+from slimeish.rollout_functions.openai_agent import agent_episode, generate_rollout, load_agent_function
+from slimeish.rollout_functions.sessions import run_groups
 from tests.demo.conftest import ADMIN_TOKEN
 
 

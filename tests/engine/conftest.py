@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from slimeish.procs import ManagedProcess, free_port, wait_http
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 
 
 def start_engine(model: Path, log_dir: Path, *extra: str) -> tuple[ManagedProcess, str]:

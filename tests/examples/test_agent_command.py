@@ -1,6 +1,6 @@
 """examples/agent_command: the agent script and verifier as processes, and one real short run.
 
-The agent and verifier run exactly as `rollout_functions.agent_command` runs them (shell command,
+The agent and verifier run exactly as `slimeish.rollout_functions.agent_command` runs them (shell command,
 environment, stdin), first against the stand-in server (conftest), then, in the slow test, inside
 `python -m examples.agent_command.run` against a real router and engine with a tiny model.
 """
@@ -17,8 +17,8 @@ import pytest
 
 from examples.agent_command.agent import FOLLOW_UP, last_number, score
 from examples.agent_command.run import AgentRunConfig, commands
-from rollout_functions.agent_command import parse_reward, run_command
-from slimeish.procs import ManagedProcess
+from slimeish.common.procs import ManagedProcess
+from slimeish.rollout_functions.agent_command import parse_reward, run_command
 from slimeish.run_metrics import read_metrics
 
 PROMPT = [{"role": "user", "content": "What is 7 plus 5?"}]

@@ -11,7 +11,7 @@ import pytest
 from examples.math_sglang.data import INSTRUCTION, MathDataConfig, make_splits, write_datasets
 from examples.math_sglang.reward import final_number, reward, score
 from examples.math_sglang.run import CPU_ARGS, GPU_ARGS, MathRunConfig, check_engines, train_argv
-from slimeish.types import Sample
+from slimeish.common.sample import Sample
 
 # Each template's answer, recomputed from the numbers in its question text (in order of appearance).
 RECOMPUTE = {

@@ -13,11 +13,11 @@ import orjson
 import pytest
 from fastapi import FastAPI, Request, Response
 
-from router.config import RouterConfig
-from router.render import ChatRenderer
-from router.server import create_app
-from router.storage import MemoryStore
-from slimeish.procs import ManagedProcess, free_port, wait_http
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
+from slimeish.router.config import RouterConfig
+from slimeish.router.render import ChatRenderer
+from slimeish.router.server import create_app
+from slimeish.router.storage import MemoryStore
 from tests.stand_in import serve_app
 
 

@@ -6,7 +6,7 @@ from unittest import mock
 
 import pytest
 
-import router.server as server
+import slimeish.router.server as server
 
 
 def parsed(argv: list[str]):

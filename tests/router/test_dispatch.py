@@ -1,4 +1,4 @@
-"""The turn endpoints dispatched ahead of FastAPI (`router.dispatch`): matching, errors, metrics,
+"""The turn endpoints dispatched ahead of FastAPI (`slimeish.router.dispatch`): matching, errors, metrics,
 and the router process's start-up objects frozen out of the garbage collector."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from unittest import mock
 import httpx
 import pytest
 
-from router.api_v1 import chat_completions, completions, generate
-from router.config import RouterConfig
-from router.dispatch import match_turn_route
-from router.server import create_app
-from router.storage import MemoryStore
+from slimeish.router.api_v1 import chat_completions, completions, generate
+from slimeish.router.config import RouterConfig
+from slimeish.router.dispatch import match_turn_route
+from slimeish.router.server import create_app
+from slimeish.router.storage import MemoryStore
 from tests.router.test_errors import GOOD, assert_openai_error
 from tests.stand_in import serve_app
 

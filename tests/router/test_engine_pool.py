@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from slimeish.procs import ManagedProcess, free_port, wait_http
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from tests.router.conftest import start_engine
 
 SMG = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))

@@ -15,7 +15,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from router.engine_pool import (
+from slimeish.common.procs import free_port
+from slimeish.router.engine_pool import (
     IDLE_CONNECTION_S,
     EngineError,
     EnginePool,
@@ -24,7 +25,6 @@ from router.engine_pool import (
     _unreachable,
     engine_client,
 )
-from slimeish.procs import free_port
 
 OK = {"text": "", "output_ids": [1], "meta_info": {"weight_version": "4", "output_token_logprobs": [[-1.0, 1, None]]}}
 TIMEOUT = 0.5

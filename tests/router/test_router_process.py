@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 
-from buffer.client import Buffer
-from buffer.server import EmbeddedServer
-from slimeish.procs import ManagedProcess, free_port, wait_http
+from slimeish.buffer.client import Buffer
+from slimeish.buffer.server import EmbeddedServer
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from tests.router.conftest import chat_episode
 
 

@@ -12,9 +12,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from rollout_functions.sessions import Session, http_client, run_groups
+from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutConfig
-from slimeish.types import Sample
+from slimeish.rollout_functions.sessions import Session, http_client, run_groups
 from tests.router.conftest import ADMIN_TOKEN, recording_proxy
 from tests.stand_in import serve_app
 

@@ -14,8 +14,8 @@ import pytest
 import redis.exceptions
 from fastapi import FastAPI, Request, Response
 
-from buffer.errors import BufferInputError, ConflictError
-from router.storage import MemoryStore
+from slimeish.buffer.errors import BufferInputError, ConflictError
+from slimeish.router.storage import MemoryStore
 from tests.router.test_errors import GOOD, assert_openai_error
 from tests.stand_in import serve_app
 

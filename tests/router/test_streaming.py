@@ -11,8 +11,8 @@ import json
 import orjson
 from openai.types.chat import ChatCompletionChunk
 
-from router.streaming import ContentStream, StreamedTurn, chat_events
-from router.tool_parser import parse_tool_calls
+from slimeish.router.streaming import ContentStream, StreamedTurn, chat_events
+from slimeish.router.tool_parser import parse_tool_calls
 
 CALL_TEXT = 'Checking.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
 
@@ -101,9 +101,9 @@ async def test_cumulative_chunks_stream_each_logprob_once():
 def test_tool_parse_failure_is_plain_content_and_counted():
     from types import SimpleNamespace
 
-    from router.api_v1 import assistant_message
-    from router.metrics import RouterMetrics
-    from router.turns import Generation
+    from slimeish.router.api_v1 import assistant_message
+    from slimeish.router.metrics import RouterMetrics
+    from slimeish.router.turns import Generation
 
     state = SimpleNamespace(metrics=RouterMetrics())
     bad = '<tool_call>{"name": "add", "arguments": {</tool_call>'

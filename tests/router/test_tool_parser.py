@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from router.tool_parser import parse_tool_calls
+from slimeish.router.tool_parser import parse_tool_calls
 
 
 def test_plain_text_has_no_calls():

@@ -2,8 +2,8 @@
 
 import asyncio
 
+from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slimeish.types import Sample
 
 
 def generate_rollout(args, rollout_id, data_source, evaluation=False):

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from rollout_functions.agent_command import AgentCommandError, parse_reward, run_command
+from slimeish.rollout_functions.agent_command import AgentCommandError, parse_reward, run_command
 
 
 @pytest.mark.parametrize(

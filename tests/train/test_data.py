@@ -3,9 +3,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from slimeish.config import help_field
+from slimeish.common.config import help_field
+from slimeish.common.sample import Sample
 from slimeish.data import DataConfig, DataSource, prompt_sets_main, read_prompts, write_prompt_sets, write_prompts
-from slimeish.types import Sample
 
 
 def _write(tmp_path, rows):

@@ -3,7 +3,7 @@
 import asyncio
 import threading
 
-from rollout_functions.sessions import EpisodeSlots, episode_slots
+from slimeish.rollout_functions.sessions import EpisodeSlots, episode_slots
 
 
 def test_slots_bound_episodes_across_threads_and_loops():

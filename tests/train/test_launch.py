@@ -4,9 +4,9 @@ unable to take the run's weight sync."""
 import pytest
 from fastapi import FastAPI
 
+from slimeish.common.procs import free_port
 from slimeish.engine.protocol import ENGINE_NAME
 from slimeish.launch import check_engine
-from slimeish.procs import free_port
 from tests.stand_in import serve_app
 
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.rollout import (
     GENERATE_SIGNATURE,
@@ -18,7 +19,6 @@ from slimeish.rollout import (
     load_rollout_function,
     sampling_params,
 )
-from slimeish.types import Sample
 
 REF = "tests.train.reference_plugins"
 
@@ -66,9 +66,12 @@ def test_bad_paths_name_the_problem(path, message):
 
 
 def test_builtin_rollout_functions_pass_their_own_check():
-    for path in ("rollout_functions.token_in.generate_rollout", "rollout_functions.agent_command.generate_rollout"):
+    for path in (
+        "slimeish.rollout_functions.token_in.generate_rollout",
+        "slimeish.rollout_functions.agent_command.generate_rollout",
+    ):
         assert callable(load_rollout_function(path))
-    assert callable(load_generate_function("rollout_functions.token_in.generate"))
+    assert callable(load_generate_function("slimeish.rollout_functions.token_in.generate"))
 
 
 def test_plugins_import_from_the_working_directory(tmp_path, monkeypatch):

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from buffer import Buffer, BufferConfig, EmbeddedServer
+from slimeish.buffer import Buffer, BufferConfig, EmbeddedServer
+from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.producer import RolloutProducer, sample_to_turns
 from slimeish.rollout import RolloutFnTrainOutput
-from slimeish.types import Sample
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,10 @@ import json
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from router.metrics import RouterMetrics
+from slimeish.common.sample import Sample
+from slimeish.router.metrics import RouterMetrics
 from slimeish.run_metrics import MetricsLogger, RouterCounters
 from slimeish.train import batch_metrics
-from slimeish.types import Sample
 from tests.stand_in import serve_app
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from buffer import Buffer, EmbeddedServer
-from slimeish.procs import ManagedProcess
+from slimeish.buffer import Buffer, EmbeddedServer
+from slimeish.common.procs import ManagedProcess
 from slimeish.run_metrics import read_metrics
 
 pytestmark = pytest.mark.slow

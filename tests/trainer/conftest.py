@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from slimeish.procs import ManagedProcess, free_port, wait_http
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.trainer.distributed import init_distributed
 
 

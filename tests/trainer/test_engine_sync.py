@@ -6,7 +6,7 @@ import httpx
 import pytest
 import torch
 
-from slimeish.procs import ManagedProcess, free_port, wait_http
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError

@@ -13,7 +13,7 @@ import uuid
 
 import httpx
 
-from buffer import Buffer, EmbeddedServer, SessionInfo, Turn
+from slimeish.buffer import Buffer, EmbeddedServer, SessionInfo, Turn
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig

@@ -6,7 +6,7 @@ import random
 
 import httpx
 
-from slimeish.types import Sample
+from slimeish.common.sample import Sample
 
 
 def random_samples(n_groups: int, group_size: int, seed: int = 0, vocab: int = 800) -> list[Sample]:

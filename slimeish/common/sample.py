@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
 @dataclass
 class Sample:
-    class Status(Enum):
+    class Status(StrEnum):
+        """How an episode stands: the one vocabulary of the rollout side, the router and the
+        buffer (where a session still PENDING is open). Nested, as slime spells it."""
+
         PENDING = "pending"
         COMPLETED = "completed"
         TRUNCATED = "truncated"  # stopped by max_new_tokens / context length
@@ -31,7 +34,8 @@ class Sample:
     response: str = ""
     response_length: int = 0
     label: Any = None
-    reward: float | dict[str, Any] | None = None
+    reward: float | None = None  # what the trainer learns from
+    scores: dict[str, float] = field(default_factory=dict)  # named scores beside it (sub-checks), not trained on
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
     weight_versions: list[int] = field(default_factory=list)
@@ -69,3 +73,6 @@ class Sample:
         d = dict(d)
         d["status"] = cls.Status(d.get("status", "pending"))
         return cls(**d)
+
+
+Status = Sample.Status
