@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import asdict
 from typing import Any
@@ -30,7 +29,15 @@ from slimeish.buffer.codec import decode_sample_header, decode_turn, encode_samp
 from slimeish.buffer.config import FILTER_SIGNATURE, BufferConfig
 from slimeish.buffer.errors import BufferInputError, UnknownSessionError, from_script_error
 from slimeish.buffer.keys import CONSUMER_GROUP, Keys
-from slimeish.buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, SessionStatus, Turn
+from slimeish.buffer.records import (
+    Group,
+    PackedTurn,
+    RegenerateRequest,
+    SessionInfo,
+    SessionStatus,
+    TakeResult,
+    Turn,
+)
 from slimeish.buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
 from slimeish.buffer.segments import PackedSample, assemble, build_samples, check_next_turn
 from slimeish.buffer.stats import BufferStats, read_stats
@@ -38,14 +45,6 @@ from slimeish.common.plugins import load_function
 from slimeish.common.sample import Sample
 
 Reward = float | dict[str, Any]
-# BufferStats counters of what a take settles without handing it out.
-SKIP_COUNTERS = (
-    "groups_reopened",
-    "members_regenerated",
-    "groups_dropped_stale",
-    "groups_dropped_failed",
-    "groups_filtered",
-)
 _SCRIPTS = (
     "OPEN_SESSION",
     "APPEND_TURN",
@@ -100,10 +99,6 @@ class Buffer:
         self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
         self._consumer_group_made = False
         self._resumes: list[Resume] = []  # the run's resumes, read once per object (see note_resume)
-        # What this object's takes settled without handing out, by BufferStats counter name: a
-        # producer that bounds the groups in flight frees their slots without asking the server
-        # (a reopened group's regeneration takes a slot of its own), and the train loop logs them.
-        self.skipped: Counter[str] = Counter({name: 0 for name in SKIP_COUNTERS})
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -266,25 +261,26 @@ class Buffer:
                 raise
         self._consumer_group_made = True
 
-    async def take_groups(self, n: int, consumer: str, current_version: int | None = None) -> list[Group]:
+    async def take_groups(self, n: int, consumer: str, current_version: int | None = None) -> TakeResult:
         """Hand out up to `n` trainable groups to `consumer` (non-blocking; fewer if fewer are ready).
 
         The first calls of a process under a consumer name first return that consumer's groups
         handed out before and never acknowledged (the trainer crashed), then new ones. Groups
         that break the failed-member policy, the staleness bound (against `current_version`)
         or the filter hook are never returned; a group with stale members is reopened and the
-        regeneration of those members queued (`pop_regenerate`).
+        regeneration of those members queued (`pop_regenerate`). The result counts those skips
+        too: a producer that bounds the groups in flight frees their slots (`settled`).
         """
         if n < 1:
             raise BufferInputError(f"take_groups needs n >= 1, got {n}")
         await self._prepare()
-        taken: list[Group] = []
-        while len(taken) < n:
-            entries = await self._next_entries(n - len(taken), consumer)
+        result = TakeResult()
+        while len(result.groups) < n:
+            entries = await self._next_entries(n - len(result.groups), consumer)
             if not entries:
                 break
-            taken += await self._judge_entries(entries, current_version)
-        return taken
+            await self._judge_entries(entries, current_version, result)
+        return result
 
     async def _next_entries(self, count: int, consumer: str) -> list[tuple[bytes, dict | None]]:
         if consumer not in self._recovered:  # re-read our own unacknowledged deliveries first
@@ -304,7 +300,8 @@ class Buffer:
         reply = await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: ">"}, count=count)
         return reply[0][1] if reply else []
 
-    async def _judge_entries(self, entries: list, current_version: int | None) -> list[Group]:
+    async def _judge_entries(self, entries: list, current_version: int | None, result: TakeResult) -> None:
+        """Hand out the entries' trainable groups and settle the others, both into `result`."""
         k = self.keys
         gids = [fields[b"group"].decode() if fields else None for _, fields in entries]
         pipe = self.redis.pipeline(transaction=False)
@@ -322,10 +319,9 @@ class Buffer:
             pipe.hgetall(k.turns(sid))
             pipe.hmget(k.session(sid), ["status", "reward", "created_at"])
         replies = iter(await pipe.execute())
-        kept: list[Group] = []
         members_of = iter(sessions)
         skips: list[Awaitable[int]] = []  # concurrent script calls: the batcher sends them in one round trip
-        kinds: list[tuple[str, int]] = []  # (counter, members regenerated) of each skip
+        kinds: list[tuple[str, int]] = []  # (verdict state, members regenerated) of each skip
         orphans: list[str] = []  # entries whose group was deleted after delivery: nothing to train on
         for (entry_id, _), item in zip(entries, loaded, strict=True):
             entry = entry_id.decode()
@@ -339,26 +335,19 @@ class Buffer:
                 gid, group_members, self.config, current_version, self._filter, int(reopened or 0), self._resumes
             )
             if verdict.keep:
-                kept.append(Group(gid, verdict.samples, metadata, entry))
+                result.groups.append(Group(gid, verdict.samples, metadata, entry))
             elif verdict.state == "reopen":
                 skips.append(self._reopen(gid, entry, metadata, verdict.stale, current_version))
-                kinds.append(("groups_reopened", len(verdict.stale)))
+                kinds.append((verdict.state, len(verdict.stale)))
             else:
                 skips.append(self._drop(gid, entry, verdict.state))
-                kinds.append((f"groups_{verdict.state}", 0))
+                kinds.append((verdict.state, 0))
         if orphans:
             await self.redis.xack(k.ready, CONSUMER_GROUP, *orphans)
         # DROP and REOPEN answer 1 when they settled the group, 0 when another consumer already did.
-        for (counter, regenerated), settled in zip(kinds, await asyncio.gather(*skips), strict=True):
+        for (state, regenerated), settled in zip(kinds, await asyncio.gather(*skips), strict=True):
             if settled:
-                self.skipped[counter] += 1
-                self.skipped["members_regenerated"] += regenerated
-        return kept
-
-    @property
-    def groups_skipped(self) -> int:
-        """Groups this object's takes dropped or reopened."""
-        return sum(v for name, v in self.skipped.items() if name.startswith("groups_"))
+                result.count_skip(state, regenerated)
 
     async def _drop(self, gid: str, entry: str, state: str) -> int:
         k = self.keys

@@ -169,6 +169,20 @@ class TakeResult:
     dropped_failed: int = 0  # groups with too many failed members
     filtered: int = 0  # groups the group filter refused
 
+    def count_skip(self, state: str, regenerated: int = 0) -> None:
+        """Count a group settled without handing it out, by its verdict state (see buffer/rules.py)."""
+        if state == "reopen":
+            self.reopened += 1
+            self.regenerated += regenerated
+        elif state == "dropped_stale":
+            self.dropped_stale += 1
+        elif state == "dropped_failed":
+            self.dropped_failed += 1
+        elif state == "filtered":
+            self.filtered += 1
+        else:
+            raise AssertionError(f"not a skip: {state!r}")
+
     @property
     def settled(self) -> int:
         """Groups taken or skipped: how many rollout slots this take frees."""

@@ -18,7 +18,7 @@ from slimeish.buffer import Buffer, SessionInfo, Turn
 
 async def consume(url: str, run_id: str, n: int, out: str) -> None:
     async with Buffer(url, run_id) as buf:
-        groups = await buf.take_groups(n, "trainer-0")
+        groups = (await buf.take_groups(n, "trainer-0")).groups
         await buf.ack([groups[0].group_id])
         with open(out, "w") as f:
             json.dump({"acked": groups[0].group_id, "held": [g.group_id for g in groups[1:]]}, f)

@@ -41,10 +41,10 @@ async def test_sigkilled_consumer_gets_its_unacknowledged_groups_back(buf: Buffe
     taken = json.loads(out.read_text())
     assert taken == {"acked": "g0", "held": ["g1", "g2"]}
     async with Buffer(valkey.url, run_id) as restarted:
-        again = await restarted.take_groups(2, "trainer-0")
+        again = (await restarted.take_groups(2, "trainer-0")).groups
         assert [g.group_id for g in again] == taken["held"]  # the same groups, whole
         assert [len(g.samples) for g in again] == [2, 2]
-        assert [g.group_id for g in await restarted.take_groups(5, "trainer-0")] == ["g3"]  # never g0
+        assert [g.group_id for g in (await restarted.take_groups(5, "trainer-0")).groups] == ["g3"]  # never g0
         assert await restarted.ack(["g1", "g2", "g3"]) == 3
         assert (await restarted.stats()).groups_trained == 4
 
@@ -69,7 +69,7 @@ async def test_sigkilled_server_keeps_every_acknowledged_write(tmp_path):
         async with Buffer(server.url, "r") as buf:
             await write_group(buf, "pre0")
             await write_group(buf, "pre1")
-            taken = await buf.take_groups(2, "trainer-0")
+            taken = (await buf.take_groups(2, "trainer-0")).groups
             await buf.ack([taken[0].group_id])
         with child("write", server.url, "r", "w", "400", "2", "0,1", str(log)) as writer:
             wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 60, proc=writer)
@@ -88,7 +88,7 @@ async def test_sigkilled_server_keeps_every_acknowledged_write(tmp_path):
                 index = int(sid.rsplit("-", 1)[1])
                 assert sample.tokens == [1, 2, 3, index, 4, 5, 6, 7, 8, 9] and sample.reward == float(index)
                 assert sample.loss_mask == [1, 1, 1, 0, 0, 1] and sample.status.value == "completed"
-            again = await buf.take_groups(1, "trainer-0")
+            again = (await buf.take_groups(1, "trainer-0")).groups
             assert [g.group_id for g in again] == ["pre1"]  # taken, not acknowledged before the crash
             assert (await buf.stats()).groups_trained == 1
     finally:
@@ -106,7 +106,7 @@ async def test_concurrent_writers_on_one_group_make_one_complete_group(buf: Buff
         for w in writers:
             w.stop()
     assert sorted(log.read_text().split()) == sorted(f"shared0-{i}" for i in range(8))
-    (group,) = await buf.take_groups(5, "t")
+    (group,) = (await buf.take_groups(5, "t")).groups
     assert group.group_id == "shared0" and [s.index for s in group.samples] == list(range(8))
     assert [s.reward for s in group.samples] == [float(i) for i in range(8)]
     stats = await buf.stats()

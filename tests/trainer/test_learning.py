@@ -55,7 +55,7 @@ async def test_grpo_raises_reward_through_buffer_and_engine(tiny_model, engine_f
                     rollout(client, engine, buf, step, g, i) for g in range(len(PROMPTS)) for i in range(GROUP_SIZE)
                 ]
                 rewards.append(sum(await asyncio.gather(*jobs)) / len(jobs))
-                groups = await buf.take_groups(len(PROMPTS), "trainer", current_version=trainer.weight_version)
+                groups = (await buf.take_groups(len(PROMPTS), "trainer", current_version=trainer.weight_version)).groups
                 assert len(groups) == len(PROMPTS)
                 samples = [s for g in groups for s in g.samples]
                 metrics = trainer.train_step(samples)
