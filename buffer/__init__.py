@@ -3,7 +3,11 @@
 Public API (documented in docs/buffer.md):
 - `Buffer(url, run_id, config)`: open_session / append_turn / finish_session / fail_session /
   set_reward (writers); take_groups / ack / give_back / pop_regenerate (trainer); stats.
-- records `SessionInfo`, `Turn`, `Group`, `RegenerateRequest`, `SessionStatus`; `BufferConfig`.
+  `take_groups` returns a `TakeResult` (the groups, and what the take settled without handing out).
+- records `SessionInfo`, `Turn`, `Group`, `RegenerateRequest`, `TakeResult`; `BufferConfig`. A
+  session's status is `slimeish.common.sample.Status` (PENDING while it is open).
+- `build_samples`: a session's turns to its samples, by the buffer's segment rules (for a store
+  that keeps sessions in memory).
 - `EmbeddedServer(dir, port)`: the valkey-server slimeish starts when no --buffer-url is given.
 """
 
@@ -17,7 +21,8 @@ from slimeish.buffer.errors import (
     UnknownGroupError,
     UnknownSessionError,
 )
-from slimeish.buffer.records import Group, RegenerateRequest, SessionInfo, SessionStatus, Turn
+from slimeish.buffer.records import Group, RegenerateRequest, SessionInfo, TakeResult, Turn
+from slimeish.buffer.segments import build_samples
 from slimeish.buffer.server import EmbeddedServer, ServerConfig
 from slimeish.buffer.stats import BufferStats
 
@@ -34,8 +39,9 @@ __all__ = [
     "ServerConfig",
     "SessionFinishedError",
     "SessionInfo",
-    "SessionStatus",
+    "TakeResult",
     "Turn",
     "UnknownGroupError",
     "UnknownSessionError",
+    "build_samples",
 ]

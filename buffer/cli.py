@@ -49,7 +49,7 @@ def serve(config: ServerConfig) -> None:
     server.start()
     print(f"buffer serving {server.url} (data in {server.dir})", flush=True)
     try:
-        code = server.proc.wait()
+        code = server.wait()
         sys.exit(f"valkey-server exited with {code}; see {server.log_path}")
     except KeyboardInterrupt:
         pass

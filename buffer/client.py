@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable
-from dataclasses import asdict
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
@@ -29,22 +29,28 @@ from slimeish.buffer.codec import decode_sample_header, decode_turn, encode_samp
 from slimeish.buffer.config import FILTER_SIGNATURE, BufferConfig
 from slimeish.buffer.errors import BufferInputError, UnknownSessionError, from_script_error
 from slimeish.buffer.keys import CONSUMER_GROUP, Keys
-from slimeish.buffer.records import (
-    Group,
-    PackedTurn,
-    RegenerateRequest,
-    SessionInfo,
-    SessionStatus,
-    TakeResult,
-    Turn,
+from slimeish.buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, TakeResult, Turn
+from slimeish.buffer.replies import (
+    Fields,
+    StreamEntry,
+    as_bytes,
+    claimed_entries,
+    hash_fields,
+    hash_values,
+    read_entries,
+    required,
 )
 from slimeish.buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
 from slimeish.buffer.segments import PackedSample, assemble, build_samples, check_next_turn
 from slimeish.buffer.stats import BufferStats, read_stats
 from slimeish.common.plugins import load_function
-from slimeish.common.sample import Sample
+from slimeish.common.sample import Sample, Status
 
-Reward = float | dict[str, Any]
+# The fields each read takes from a session or group hash (keys.py lists them all).
+_FINISH_READ = ("status", "n_turns", "index", "group_seq", "metadata", "group_id")
+_MEMBER_READ = ("status", "reward", "created_at")
+_GROUP_READ = ("metadata", "reopened")
+_RECOVER_READ = ("state", "trainable", "metadata")
 _SCRIPTS = (
     "OPEN_SESSION",
     "APPEND_TURN",
@@ -65,14 +71,35 @@ def _json(value: Any, what: str) -> bytes:
         raise BufferInputError(f"{what} must be JSON-serialisable: {exc}") from None
 
 
-def _reward_json(reward: Reward | None) -> bytes:
+def _reward_json(reward: float | None) -> bytes:
+    """The stored reward: b"" while it is still to come, else a finite number."""
     if reward is None:
         return b""
-    if isinstance(reward, bool) or not isinstance(reward, (int, float, dict)):
-        raise BufferInputError(f"reward must be a float or a dict, got {reward!r}")
-    if isinstance(reward, float) and not math.isfinite(reward):
-        raise BufferInputError(f"reward must be finite, got {reward}")
-    return _json(reward, "reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise BufferInputError(f"reward must be a finite number, got {reward!r}")
+    return orjson.dumps(reward)
+
+
+def _final_status(status: Status | str) -> Status:
+    """How a finished session ended: any status but PENDING (which means still open)."""
+    try:
+        final = Status(status)
+    except ValueError:
+        final = Status.PENDING
+    if final is Status.PENDING:
+        raise BufferInputError(f"finish_session needs a final status, got {status!r}")
+    return final
+
+
+@dataclass(slots=True)
+class _Candidate:
+    """A complete group read back from a ready-stream entry, before it is judged."""
+
+    entry_id: str
+    group_id: str
+    metadata: dict[str, Any]
+    reopened: int  # times the group was reopened for stale members
+    sessions: list[tuple[int, str]]  # (index in group, session id), by index
 
 
 class Buffer:
@@ -153,8 +180,8 @@ class Buffer:
     async def finish_session(
         self,
         session_id: str,
-        reward: Reward | None = None,
-        status: SessionStatus | str = SessionStatus.COMPLETED,
+        reward: float | None = None,
+        status: Status | str = Status.COMPLETED,
         metadata: dict[str, Any] | None = None,
     ) -> bool:
         """Seal a session: build and store one Sample per segment, atomically with the group update.
@@ -165,28 +192,24 @@ class Buffer:
         Read the samples with `session_samples` (returning them here would cost every caller
         the conversion of the arrays to lists).
         """
-        status = SessionStatus(status)
-        if status is SessionStatus.OPEN:
-            raise BufferInputError("finish_session needs a final status, not 'open'")
+        status = _final_status(status)
         reward_json, meta_json = _reward_json(reward), _json(metadata or {}, "metadata")
         k = self.keys
-        fields = await self.redis.hmget(
-            k.session(session_id), ["status", "n_turns", "index", "group_seq", "metadata", "group_id"]
-        )
-        if fields[0] is None:
+        session = hash_fields(_FINISH_READ, await self.redis.hmget(k.session(session_id), _FINISH_READ))
+        if session["status"] is None:
             raise UnknownSessionError(f"unknown session {session_id}")
-        n_turns, gid = int(fields[1]), fields[5].decode()
+        n_turns, gid = int(required(session, "n_turns")), required(session, "group_id").decode()
         samples: list[PackedSample] = []
-        if fields[0] == b"open":
+        if session["status"] == Status.PENDING.encode():  # still open: seal it (a retry finds it sealed)
             turns = self._turns.get(session_id, [])
             if len(turns) != n_turns:  # appended by another process: read them back
                 turns = await self._load_turns(session_id)
-            sample_meta = {**orjson.loads(fields[4]), **(metadata or {}), "group_id": gid}
+            sample_meta = {**orjson.loads(required(session, "metadata")), **(metadata or {}), "group_id": gid}
             samples = build_samples(
                 turns,
                 status=status.value,
-                index=int(fields[2]),
-                group_index=int(fields[3]),
+                index=int(required(session, "index")),
+                group_index=int(required(session, "group_seq")),
                 metadata=sample_meta,
             )
         pairs = [part for s in samples for part in (s.segment_index, encode_sample_header(s))]
@@ -199,14 +222,14 @@ class Buffer:
 
     async def fail_session(self, session_id: str, error: str = "") -> None:
         """Mark a session failed (never trained on); its group still completes."""
-        await self.finish_session(session_id, None, SessionStatus.FAILED, {"error": error} if error else None)
+        await self.finish_session(session_id, None, Status.FAILED, {"error": error} if error else None)
 
-    async def set_reward(self, session_id: str, reward: Reward) -> bool:
+    async def set_reward(self, session_id: str, reward: float) -> bool:
         """Attach the reward to a session finished without one. False if this exact reward was already set."""
         reward_json = _reward_json(reward)
         if not reward_json:
             raise BufferInputError("set_reward needs a reward, got None")
-        gid = await self.redis.hget(self.keys.session(session_id), "group_id")
+        gid = as_bytes(await self.redis.hget(self.keys.session(session_id), "group_id"))
         if gid is None:
             raise UnknownSessionError(f"unknown session {session_id}")
         k = self.keys
@@ -216,12 +239,11 @@ class Buffer:
     # ---- reads --------------------------------------------------------------------------------
 
     async def _load_turn(self, session_id: str, turn_index: int) -> PackedTurn | None:
-        data = await self.redis.hget(self.keys.turns(session_id), str(turn_index))
+        data = as_bytes(await self.redis.hget(self.keys.turns(session_id), str(turn_index)))
         return decode_turn(data) if data is not None else None
 
     async def _load_turns(self, session_id: str) -> list[PackedTurn]:
-        stored = await self.redis.hgetall(self.keys.turns(session_id))
-        return sorted((decode_turn(v) for v in stored.values()), key=lambda t: t.turn_index)
+        return _decode_turns(await self.redis.hgetall(self.keys.turns(session_id)))
 
     async def turns(self, session_id: str) -> list[Turn]:
         """All stored turns of a session, in order."""
@@ -282,72 +304,88 @@ class Buffer:
             await self._judge_entries(entries, current_version, result)
         return result
 
-    async def _next_entries(self, count: int, consumer: str) -> list[tuple[bytes, dict | None]]:
+    async def _next_entries(self, count: int, consumer: str) -> list[StreamEntry]:
         if consumer not in self._recovered:  # re-read our own unacknowledged deliveries first
             cursor = self._pending_cursor.get(consumer, "0")
-            reply = await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: cursor}, count=count)
-            entries = reply[0][1] if reply else []
+            entries = read_entries(
+                await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: cursor}, count=count)
+            )
             if len(entries) < count:
                 self._recovered.add(consumer)
             if entries:
-                self._pending_cursor[consumer] = entries[-1][0].decode()
+                self._pending_cursor[consumer] = entries[-1].entry_id
                 return entries
         if self.config.reclaim_after_s is not None:
             idle_ms = int(self.config.reclaim_after_s * 1000)
-            reply = await self.redis.xautoclaim(self.keys.ready, CONSUMER_GROUP, consumer, idle_ms, count=count)
-            if reply[1]:
-                return reply[1]
-        reply = await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: ">"}, count=count)
-        return reply[0][1] if reply else []
+            claimed = claimed_entries(
+                await self.redis.xautoclaim(self.keys.ready, CONSUMER_GROUP, consumer, idle_ms, count=count)
+            )
+            if claimed:
+                return claimed
+        return read_entries(await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: ">"}, count=count))
 
-    async def _judge_entries(self, entries: list, current_version: int | None, result: TakeResult) -> None:
+    async def _judge_entries(self, entries: list[StreamEntry], current_version: int | None, result: TakeResult) -> None:
         """Hand out the entries' trainable groups and settle the others, both into `result`."""
-        k = self.keys
-        gids = [fields[b"group"].decode() if fields else None for _, fields in entries]
-        pipe = self.redis.pipeline(transaction=False)
-        for gid in filter(None, gids):
-            pipe.hmget(k.group(gid), ["metadata", "reopened"])
-            pipe.hgetall(k.members(gid))
-        replies = iter(await pipe.execute())
-        loaded = [(gid, *next(replies), next(replies)) if gid else None for gid in gids]
-        sessions = [
-            (int(i), sid.decode()) for item in loaded if item for i, sid in sorted(item[3].items(), key=_by_index)
-        ]
-        pipe = self.redis.pipeline(transaction=False)
-        for _, sid in sessions:
-            pipe.hgetall(k.samples(sid))
-            pipe.hgetall(k.turns(sid))
-            pipe.hmget(k.session(sid), ["status", "reward", "created_at"])
-        replies = iter(await pipe.execute())
-        members_of = iter(sessions)
+        candidates = await self._load_candidates([e for e in entries if e.group_id is not None])
         skips: list[Awaitable[int]] = []  # concurrent script calls: the batcher sends them in one round trip
         kinds: list[tuple[str, int]] = []  # (verdict state, members regenerated) of each skip
-        orphans: list[str] = []  # entries whose group was deleted after delivery: nothing to train on
-        for (entry_id, _), item in zip(entries, loaded, strict=True):
-            entry = entry_id.decode()
-            if item is None:
-                orphans.append(entry)
-                continue
-            gid, metadata_json, reopened, members = item
-            metadata = orjson.loads(metadata_json)
-            group_members = [_member(*next(members_of), next(replies), next(replies), next(replies)) for _ in members]
-            verdict = judge(
-                gid, group_members, self.config, current_version, self._filter, int(reopened or 0), self._resumes
-            )
+        for group, members in zip(candidates, await self._load_members(candidates), strict=True):
+            gid, entry = group.group_id, group.entry_id
+            verdict = judge(gid, members, self.config, current_version, self._filter, group.reopened, self._resumes)
             if verdict.keep:
-                result.groups.append(Group(gid, verdict.samples, metadata, entry))
+                result.groups.append(Group(gid, verdict.samples, group.metadata, entry))
             elif verdict.state == "reopen":
-                skips.append(self._reopen(gid, entry, metadata, verdict.stale, current_version))
+                skips.append(self._reopen(gid, entry, group.metadata, verdict.stale, current_version))
                 kinds.append((verdict.state, len(verdict.stale)))
             else:
                 skips.append(self._drop(gid, entry, verdict.state))
                 kinds.append((verdict.state, 0))
+        orphans = [e.entry_id for e in entries if e.group_id is None]  # deleted after delivery: nothing to train
         if orphans:
-            await self.redis.xack(k.ready, CONSUMER_GROUP, *orphans)
+            await self.redis.xack(self.keys.ready, CONSUMER_GROUP, *orphans)
         # DROP and REOPEN answer 1 when they settled the group, 0 when another consumer already did.
         for (state, regenerated), settled in zip(kinds, await asyncio.gather(*skips), strict=True):
             if settled:
                 result.count_skip(state, regenerated)
+
+    async def _load_candidates(self, entries: list[StreamEntry]) -> list[_Candidate]:
+        pipe = self.redis.pipeline(transaction=False)
+        for entry in entries:
+            gid = cast(str, entry.group_id)  # the caller passes only entries that still name a group
+            pipe.hmget(self.keys.group(gid), _GROUP_READ)
+            pipe.hgetall(self.keys.members(gid))
+        replies = iter(await pipe.execute())
+        candidates = []
+        for entry in entries:
+            group, members = hash_fields(_GROUP_READ, next(replies)), next(replies)
+            candidates.append(
+                _Candidate(
+                    entry_id=entry.entry_id,
+                    group_id=cast(str, entry.group_id),
+                    metadata=orjson.loads(required(group, "metadata")),
+                    reopened=int(group["reopened"] or 0),
+                    sessions=_sessions_by_index(members),
+                )
+            )
+        return candidates
+
+    async def _load_members(self, candidates: list[_Candidate]) -> list[list[Member]]:
+        """Every candidate's members with their samples, read in one pipelined round trip."""
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        for group in candidates:
+            for _, sid in group.sessions:
+                pipe.hgetall(k.samples(sid))
+                pipe.hgetall(k.turns(sid))
+                pipe.hmget(k.session(sid), _MEMBER_READ)
+        replies = iter(await pipe.execute())
+        return [
+            [
+                _member(index, sid, next(replies), next(replies), hash_fields(_MEMBER_READ, next(replies)))
+                for index, sid in group.sessions
+            ]
+            for group in candidates
+        ]
 
     async def _drop(self, gid: str, entry: str, state: str) -> int:
         k = self.keys
@@ -355,9 +393,8 @@ class Buffer:
         return await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", time.time()])
 
     async def _reopen(self, gid: str, entry: str, metadata: dict, stale: list[Member], current: int | None) -> int:
-        request = RegenerateRequest(
-            gid, metadata, [m.index for m in stale], min(oldest_version(m.samples) for m in stale), current
-        )
+        oldest = oldest_version([s for m in stale for s in m.samples])
+        request = RegenerateRequest(gid, metadata, [m.index for m in stale], oldest, current)
         k = self.keys
         keys = [k.group(gid), k.members(gid), k.ready, k.stats, k.regenerate, *(k.session(m.session_id) for m in stale)]
         args = [entry, CONSUMER_GROUP, orjson.dumps(asdict(request)), time.time(), *(m.index for m in stale)]
@@ -405,18 +442,19 @@ class Buffer:
         group_ids = [k.group_id_from_key(key.decode()) async for key in self.redis.scan_iter(match=k.groups_pattern())]
         pipe = self.redis.pipeline(transaction=False)
         for gid in group_ids:
-            pipe.hmget(k.group(gid), ["state", "trainable", "metadata"])
+            pipe.hmget(k.group(gid), _RECOVER_READ)
             pipe.hgetall(k.members(gid))
         replies = iter(await pipe.execute())
-        open_groups, calls = [], []  # concurrent script calls: the batcher sends them in one round trip
+        open_groups: list[tuple[str, bytes]] = []  # (group id, metadata) of each RECOVER call
+        calls = []  # concurrent script calls: the batcher sends them in one round trip
         for gid in group_ids:
-            (state, trainable, metadata), members = next(replies), next(replies)
-            if state != b"open" or trainable == b"0":
+            group, members = hash_fields(_RECOVER_READ, next(replies)), next(replies)
+            if group["state"] != b"open" or group["trainable"] == b"0":  # a group's state, not a session status
                 continue
-            held = sorted((int(i), sid.decode()) for i, sid in members.items())
+            held = _sessions_by_index(members)
             keys = [k.group(gid), k.members(gid), k.stats, *(k.session(sid) for _, sid in held)]
             calls.append(self._run("RECOVER", keys, [time.time(), *(x for pair in held for x in pair)]))
-            open_groups.append((gid, metadata))
+            open_groups.append((gid, required(group, "metadata")))
         requests = [
             RegenerateRequest(gid, orjson.loads(metadata), [int(i) for i in free], None, None)
             for (gid, metadata), free in zip(open_groups, await asyncio.gather(*calls), strict=True)
@@ -428,25 +466,30 @@ class Buffer:
 
     async def pop_regenerate(self, n: int = 1) -> list[RegenerateRequest]:
         """Pop up to `n` requests to generate a reopened group's stale members again (oldest first)."""
-        items = await self.redis.lpop(self.keys.regenerate, n) or []
+        # LPOP with a count replies with a list (or None when the list is empty)
+        items = cast("list[bytes] | None", await self.redis.lpop(self.keys.regenerate, n)) or []
         return [RegenerateRequest(**orjson.loads(item)) for item in items]
 
 
-def _by_index(item: tuple[bytes, bytes]) -> int:
-    return int(item[0])
+def _sessions_by_index(members: dict[bytes, bytes]) -> list[tuple[int, str]]:
+    """A members hash (index -> session id) as (index, session id) pairs, by index."""
+    return sorted((int(index), sid.decode()) for index, sid in members.items())
+
+
+def _decode_turns(stored: Mapping[Any, bytes | str]) -> list[PackedTurn]:
+    return sorted((decode_turn(t) for t in hash_values(stored)), key=lambda t: t.turn_index)
 
 
 def _decode_member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], reward: bytes | None) -> list[Sample]:
     if not headers:  # open or failed: nothing to train on
         return []
-    packed_turns = sorted((decode_turn(t) for t in turns.values()), key=lambda t: t.turn_index)
     value = orjson.loads(reward) if reward else None
-    return assemble(packed_turns, [decode_sample_header(h) for h in headers.values()], value)
+    return assemble(_decode_turns(turns), [decode_sample_header(h) for h in hash_values(headers)], value)
 
 
 def _member(
-    index: int, session_id: str, headers: dict[bytes, bytes], turns: dict[bytes, bytes], fields: list[bytes | None]
+    index: int, session_id: str, headers: dict[bytes, bytes], turns: dict[bytes, bytes], session: Fields
 ) -> Member:
-    status, reward, created_at = fields
-    samples = _decode_member(headers, turns, reward)
-    return Member(index, session_id, SessionStatus(status.decode()), samples, float(created_at or 0))
+    samples = _decode_member(headers, turns, session["reward"])
+    status = Status(required(session, "status").decode())
+    return Member(index, session_id, status, samples, float(session["created_at"] or 0))

@@ -9,7 +9,6 @@ concatenation of `prompt_ids + output_ids` over its turns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -18,16 +17,6 @@ from slimeish.buffer.errors import BufferInputError
 from slimeish.common.sample import Sample
 
 _MAX_TOKEN_ID = 2**31 - 1  # stored as int32
-
-
-class SessionStatus(StrEnum):
-    """How a session ended; the values match `Sample.Status` (plus `open`)."""
-
-    OPEN = "open"
-    COMPLETED = "completed"
-    TRUNCATED = "truncated"
-    ABORTED = "aborted"
-    FAILED = "failed"
 
 
 @dataclass(slots=True)
@@ -98,7 +87,7 @@ class Turn:
 
 def _array(values: list, dtype: type, where: str, name: str) -> np.ndarray:
     try:
-        array = np.asarray(values, dtype=dtype)
+        array: np.ndarray = np.asarray(values, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise BufferInputError(f"{where}: {name} must be a flat list of numbers ({exc})") from None
     if array.ndim != 1:

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slimeish.buffer.config import BufferConfig
-from slimeish.buffer.records import SessionStatus
-from slimeish.common.sample import Sample
+from slimeish.common.sample import Sample, Status
 
 GroupFilter = Callable[[str, list[Sample]], bool]
 
@@ -23,7 +22,7 @@ GroupFilter = Callable[[str, list[Sample]], bool]
 class Member:
     index: int
     session_id: str
-    status: SessionStatus
+    status: Status
     samples: list[Sample]
     created_at: float = 0.0  # when its session was opened
 
@@ -81,7 +80,7 @@ def judge(
 ) -> Verdict:
     """Apply, in order: the failed-member policy, staleness (per member, see `_stale`; a group
     already `reopened` `max_regenerations` times is dropped instead), the filter hook."""
-    ok = [m for m in members if m.status is not SessionStatus.FAILED and m.samples]
+    ok = [m for m in members if m.status is not Status.FAILED and m.samples]
     failed = len(members) - len(ok)
     if failed and (config.failed_policy == "drop_group" or len(ok) < config.min_successful):
         return Verdict("dropped_failed", [])

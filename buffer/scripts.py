@@ -2,7 +2,8 @@
 
 Each script checks its preconditions before its first write, so a refused call changes nothing.
 Errors are replied as "<CODE> message" (codes in buffer/errors.py). All keys come from KEYS,
-built by buffer/keys.py.
+built by buffer/keys.py. A session's `status` is a `Sample.Status` value ('pending' while it is
+open); a group's `state` is the group's own ('open', 'ready', 'trained', ...).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ else
 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
 redis.call('HSET', KEYS[1], 'group_id', ARGV[2], 'index', ARGV[3], 'group_size', ARGV[4], 'group_seq', seq,
-  'status', 'open', 'reward', '', 'metadata', ARGV[5], 'finish_metadata', '{}', 'created_at', ARGV[6], 'n_turns', 0)
+  'status', 'pending', 'reward', '', 'metadata', ARGV[5], 'finish_metadata', '{}', 'created_at', ARGV[6], 'n_turns', 0)
 redis.call('HINCRBY', KEYS[4], 'sessions_open', 1)
 return 1
 """
@@ -75,7 +76,7 @@ if previous then
   if previous == ARGV[3] then return 0 end
   return redis.error_reply('CONFLICT turn ' .. ARGV[2] .. ' of session ' .. ARGV[1] .. ' was stored with other content')
 end
-if status ~= 'open' then
+if status ~= 'pending' then
   return redis.error_reply('FINISHED session ' .. ARGV[1] .. ' is ' .. status .. '; cannot append turn ' .. ARGV[2])
 end
 local n = tonumber(redis.call('HGET', KEYS[1], 'n_turns'))
@@ -96,7 +97,7 @@ FINISH_SESSION = (
     + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
-if status ~= 'open' then
+if status ~= 'pending' then
   if status == ARGV[3] and redis.call('HGET', KEYS[1], 'reward') == ARGV[4] then return 0 end
   return redis.error_reply('FINISHED session ' .. ARGV[1] .. ' is already ' .. status)
 end
@@ -126,7 +127,7 @@ SET_REWARD = (
     + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
-if status == 'open' or status == 'failed' then
+if status == 'pending' or status == 'failed' then
   return redis.error_reply('BADINPUT session ' .. ARGV[1] .. ' is ' .. status .. '; a reward needs a finished session')
 end
 local reward = redis.call('HGET', KEYS[1], 'reward')
@@ -248,7 +249,7 @@ for i = 1, #KEYS - 3 do
   local index, sid = ARGV[2 * i], ARGV[2 * i + 1]
   if redis.call('HGET', KEYS[2], index) == sid then
     local status, reward = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'reward'))
-    if status == 'open' then
+    if status == 'pending' then
       redis.call('HDEL', KEYS[2], index)
       redis.call('HSET', KEYS[i + 3], 'status', 'aborted', 'finished_at', ARGV[1], 'retired_at', ARGV[1])
       redis.call('HINCRBY', KEYS[3], 'sessions_open', -1)

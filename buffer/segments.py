@@ -35,7 +35,7 @@ class PackedSample:
     segment_index: int
     split_reason: str | None
 
-    def to_sample(self, reward: Any) -> Sample:
+    def to_sample(self, reward: float | None) -> Sample:
         return Sample(
             group_index=self.group_index,
             index=self.index,
@@ -121,7 +121,7 @@ def build_samples(
     ]
 
 
-def assemble(turns: list[PackedTurn], headers: list[dict[str, Any]], reward: Any) -> list[Sample]:
+def assemble(turns: list[PackedTurn], headers: list[dict[str, Any]], reward: float | None) -> list[Sample]:
     """Rebuild stored samples (headers written at finish) from the session's turns."""
     segments = split_segments(turns)
     samples = []

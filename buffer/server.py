@@ -80,17 +80,17 @@ class EmbeddedServer:
             raise RuntimeError(f"a buffer server already serves {self.dir} at {other}; connect with --buffer-url")
         # own process group: Ctrl-C in a terminal reaches it only through stop()
         self.proc = subprocess.Popen(self.command(), start_new_session=True, stdout=subprocess.DEVNULL)
-        self._wait_ready(timeout)
+        self._wait_ready(self.proc, timeout)
         (self.dir / SERVER_INFO).write_text(json.dumps({"pid": self.proc.pid, "url": self.url}))
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen, timeout: float) -> None:
         client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"valkey-server exited with {self.proc.returncode}: {self._log_tail()}")
+                if proc.poll() is not None:
+                    raise RuntimeError(f"valkey-server exited with {proc.returncode}: {self._log_tail()}")
                 with contextlib.suppress(redis.ConnectionError, redis.BusyLoadingError):
                     if client.ping():
                         return
@@ -102,6 +102,12 @@ class EmbeddedServer:
 
     def _log_tail(self) -> str:
         return self.log_path.read_text()[-2000:] if self.log_path.exists() else "(no log)"
+
+    def wait(self) -> int:
+        """Block until the started server exits; its exit code."""
+        if self.proc is None:
+            raise RuntimeError("wait() needs a started server")
+        return self.proc.wait()
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM: valkey flushes and fsyncs the AOF, then exits; SIGKILL only if it hangs."""

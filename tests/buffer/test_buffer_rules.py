@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from slimeish.buffer import BufferConfig, SessionStatus
+from slimeish.buffer import BufferConfig
 from slimeish.buffer.filters import nonzero_reward_variance
 from slimeish.buffer.rules import Member, judge
-from slimeish.common.sample import Sample
+from slimeish.common.sample import Sample, Status
 
-OK, FAILED = SessionStatus.COMPLETED, SessionStatus.FAILED
+OK, FAILED = Status.COMPLETED, Status.FAILED
 
 
-def member(status: SessionStatus = OK, reward: float = 1.0, versions: tuple[int, ...] = (5,), index: int = 0) -> Member:
+def member(status: Status = OK, reward: float = 1.0, versions: tuple[int, ...] = (5,), index: int = 0) -> Member:
     samples = [] if status is FAILED else [Sample(reward=reward, weight_versions=list(versions))]
     return Member(index, f"s{index}", status, samples)
 

@@ -90,6 +90,8 @@ async def test_failed_session_completes_its_group_without_samples(buf: Buffer):
         (lambda b: b.open_session(SessionInfo("x", "g", 1, 3)), ConflictError, "has size 2"),
         (lambda b: b.open_session(SessionInfo("x", "g", 2, 2)), BufferInputError, "index < group_size"),
         (lambda b: b.finish_session("b", float("nan")), BufferInputError, "finite"),
+        (lambda b: b.finish_session("b", {"accuracy": 1.0}), BufferInputError, "finite number"),
+        (lambda b: b.finish_session("b", 1.0, "pending"), BufferInputError, "final status"),
         (lambda b: b.append_turn(turn("b", 0, out=[7])), ConflictError, "other content"),
         (lambda b: b.append_turn(turn("b", 2)), BufferInputError, "never appended"),
         (lambda b: b.append_turn(turn("b", 1, seg=2)), BufferInputError, "segment_index 2"),
