@@ -26,5 +26,5 @@ class EngineConfig:
         1, help="torch intra-op threads on CPU; small models decode fastest with 1; threads on busy cores stall"
     )
     served_model_name: str | None = help_field(None, help="model id reported by /v1/models (default: --model)")
-    weight_version: str = help_field("0", help="initial weight version reported in meta_info.weight_version")
+    weight_version: int = help_field(0, help="initial weight version reported in meta_info.weight_version")
     log_level: str = help_field("warning", help="uvicorn log level")

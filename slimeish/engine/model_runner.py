@@ -15,6 +15,7 @@ Llama / Qwen2 / Qwen3 checkpoint works unchanged. Two things are ours:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file
@@ -101,6 +102,10 @@ class ModelRunner:
             last = hidden[torch.arange(n, device=self.device), ends]
         return self.model.lm_head(inner.norm(last)).float()
 
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
+        # one sequence of ids decodes to one string (the stub's list[str] is for batched input)
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
     def move_row(self, src: int, dst: int) -> None:
         self.cache.move_row(src, dst)
 
@@ -135,4 +140,5 @@ def _load_model(model_path: str, device: torch.device, dtype: str):
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation="sdpa")
     if dtype == "auto" and device.type == "cpu" and model.dtype in (torch.float16, torch.bfloat16):
         model = model.float()  # half-precision matmuls on CPU are slow and less exact
-    return model.to(device).eval().requires_grad_(False)
+    # transformers wraps `to` with functools.wraps, whose stub does not bind `self`
+    return model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]

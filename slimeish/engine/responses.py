@@ -20,18 +20,19 @@ def render(seq: Sequence, sched: Scheduler, *, index: int | None, text: str | No
         "prompt_tokens": len(seq.req.input_ids),
         "completion_tokens": len(seq.output_ids),
         "cached_tokens": 0,
-        "weight_version": spans[-1][0] if spans else sched.weight_version,
-        "weight_versions": [{"version": v, "start": a, "end": b} for v, a, b in spans],
+        # SGLang's schema has the version as a string
+        "weight_version": str(spans[-1][0] if spans else sched.weight_version),
+        "weight_versions": [{"version": str(v), "start": a, "end": b} for v, a, b in spans],
         "e2e_latency": time.monotonic() - seq.started_at,
     }
     if seq.req.return_logprob:
         texts = [_token_text(sched, t) for t in ids] if seq.req.return_text_in_logprobs else [None] * len(ids)
         meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(seq.logprobs, ids, texts, strict=True)]
-    out = {"text": seq.text if text is None else text, "output_ids": ids, "meta_info": meta}
+    out: dict[str, Any] = {"text": seq.text if text is None else text, "output_ids": ids, "meta_info": meta}
     if index is not None:
         out["index"] = index
     return out
 
 
 def _token_text(sched: Scheduler, token: int) -> str:
-    return sched.runner.tokenizer.decode([token])
+    return sched.runner.decode([token])

@@ -34,8 +34,8 @@ def sample(logits: torch.Tensor, rows: list[RowSampling], uniforms: list[float])
         tokens = logits.argmax(dim=-1)
     else:
         temps = [1.0 if g else r.temperature for r, g in zip(rows, greedy, strict=True)]
-        temps = torch.tensor(temps, device=logits.device)
-        tokens = _sample_scaled(logits / temps[:, None], rows, uniforms, vocab)
+        temperatures = torch.tensor(temps, device=logits.device)
+        tokens = _sample_scaled(logits / temperatures[:, None], rows, uniforms, vocab)
         if any(greedy):
             tokens = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), tokens)
     chosen = logprobs.gather(1, tokens[:, None])[:, 0]

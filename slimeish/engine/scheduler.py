@@ -38,7 +38,7 @@ class Sequence:
     sampling: RowSampling
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    weight_spans: list[list] = field(default_factory=list)  # [version, start, end) over output tokens
+    weight_spans: list[list[int]] = field(default_factory=list)  # [version, start, end) over output tokens
     finish_reason: dict | None = None
     text: str = ""
     started_at: float = field(default_factory=time.monotonic)
@@ -50,7 +50,7 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, *, max_rows: int, max_prefill_tokens: int, weight_version: str):
+    def __init__(self, runner: ModelRunner, *, max_rows: int, max_prefill_tokens: int, weight_version: int):
         self.runner = runner
         self.max_rows = max_rows
         self.max_prefill_tokens = max_prefill_tokens
@@ -125,7 +125,8 @@ class Scheduler:
         self._retire()
 
     def _admit(self) -> list[Sequence]:
-        admitted, budget = [], self.max_prefill_tokens
+        admitted: list[Sequence] = []
+        budget = self.max_prefill_tokens
         while self.waiting and len(self.running) < self.max_rows:
             n = len(self.waiting[0].req.input_ids)
             if admitted and n > budget:
@@ -191,7 +192,7 @@ class Scheduler:
     def decode(self, seq: Sequence) -> str:
         """The output text so far; the stop check and the stream chunk of a step share one decode."""
         if seq.decoded[0] != len(seq.output_ids):
-            text = self.runner.tokenizer.decode(seq.output_ids, skip_special_tokens=seq.req.params.skip_special_tokens)
+            text = self.runner.decode(seq.output_ids, skip_special_tokens=seq.req.params.skip_special_tokens)
             seq.decoded = (len(seq.output_ids), text)
         return seq.decoded[1]
 

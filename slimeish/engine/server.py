@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -72,12 +72,10 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return self.runner.tokenizer.encode(text)  # as SGLang does: special tokens (e.g. BOS) per tokenizer
 
-    def set_weight_version(self, requested: Any) -> str:
-        """A weight update sets the version it was given, or bumps the integer version by one."""
-        current = self.scheduler.weight_version
-        version = str(requested) if requested is not None else str(int(current) + 1 if current.isdigit() else 1)
-        self.scheduler.weight_version = version
-        return version
+    def set_weight_version(self, version: int | None) -> int:
+        """A weight update sets the version it was given, or bumps the version by one."""
+        self.scheduler.weight_version = self.scheduler.weight_version + 1 if version is None else version
+        return self.scheduler.weight_version
 
 
 def create_app(cfg: EngineConfig) -> FastAPI:
@@ -127,8 +125,12 @@ async def _run_to_end(sched: Scheduler, reqs: list[SequenceRequest]) -> list[Seq
     loop = asyncio.get_running_loop()
     futures = [loop.create_future() for _ in reqs]
 
-    def notifier(fut: asyncio.Future):
-        return lambda seq: seq.finished and not fut.done() and fut.set_result(seq)
+    def notifier(fut: asyncio.Future) -> Callable[[Sequence], None]:
+        def notify(seq: Sequence) -> None:
+            if seq.finished and not fut.done():
+                fut.set_result(seq)
+
+        return notify
 
     seqs = [sched.submit(r, notifier(f)) for r, f in zip(reqs, futures, strict=True)]
     try:
@@ -161,7 +163,7 @@ async def _stream(sched: Scheduler, reqs: list[SequenceRequest], is_batch: bool)
     """SSE in SGLang's format: `data: {chunk}` per new token, then `data: [DONE]`."""
     queue: asyncio.Queue[Sequence] = asyncio.Queue()
     seqs = [sched.submit(r, queue.put_nowait) for r in reqs]
-    sent, done = [0] * len(seqs), set()
+    sent, done = [0] * len(seqs), set[int]()
     try:
         while len(done) < len(seqs):
             seq = await queue.get()
@@ -196,7 +198,7 @@ def _add_info_routes(app: FastAPI, engine: Engine) -> None:
                 "tokenizer_path": cfg.model,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": engine.scheduler.weight_version,
+                "weight_version": str(engine.scheduler.weight_version),  # SGLang's schema: a string
                 "load_format": "auto",
                 "engine": ENGINE_NAME,  # not SGLang's: lets `slimeish train` tell its own engines apart
             }
@@ -218,7 +220,7 @@ def _add_info_routes(app: FastAPI, engine: Engine) -> None:
                 "device": cfg.device,
                 "max_running_requests": cfg.max_running_requests,
                 "max_prefill_tokens": cfg.max_prefill_tokens,
-                "weight_version": sched.weight_version,
+                "weight_version": str(sched.weight_version),
                 "internal_states": [
                     {"paused": sched.paused, "num_running": len(sched.running), "num_waiting": len(sched.waiting)}
                 ],
@@ -292,13 +294,24 @@ def _safetensors_paths(body: Any) -> list[str]:
     return paths
 
 
-def _update(engine: Engine, load, body: dict) -> Response:
+def _update(engine: Engine, load: Callable[[], int], body: dict) -> Response:
+    requested = _request_version(body.get("weight_version"))  # checked before any weight changes
     try:
         count = load()
     except (ValueError, OSError) as e:
         return _json({"success": False, "message": f"weight update failed: {e}"}, 400)
-    version = engine.set_weight_version(body.get("weight_version"))
-    return _json({"success": True, "message": f"updated {count} tensors", "weight_version": version})
+    version = engine.set_weight_version(requested)
+    return _json({"success": True, "message": f"updated {count} tensors", "weight_version": str(version)})
+
+
+def _request_version(value: object) -> int | None:
+    """A request's `weight_version` (a string in SGLang's schema) as the integer slimeish counts."""
+    if value is None:
+        return None
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
+            return int(value)
+    raise RequestError(f"weight_version must be an integer (or a string holding one), got {value!r}")
 
 
 KEEP_ALIVE_S = 75

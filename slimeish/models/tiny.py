@@ -14,7 +14,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
@@ -79,7 +79,7 @@ def _random_tool(rng: random.Random) -> dict:
     names = rng.sample(_WORDS, rng.randint(1, 3))
     kinds = ["integer", "number", "string", "boolean"]
     properties = {n: {"type": rng.choice(kinds)} for n in names}
-    function = {"name": rng.choice(_WORDS), "parameters": {"type": "object", "properties": properties}}
+    function: dict[str, Any] = {"name": rng.choice(_WORDS), "parameters": {"type": "object", "properties": properties}}
     if rng.random() < 0.5:
         function["description"] = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 8)))
     if rng.random() < 0.5:

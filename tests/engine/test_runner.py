@@ -28,7 +28,7 @@ def test_continuous_batch_on_cuda(tiny_model):
 
 def check_continuous_batch(path, device: str) -> None:
     runner = ModelRunner(str(path), device=device, dtype="float32", rows=4, context_length=256)
-    sched = Scheduler(runner, max_rows=3, max_prefill_tokens=64, weight_version="0")
+    sched = Scheduler(runner, max_rows=3, max_prefill_tokens=64, weight_version=0)
     finished = []
     prompts = [[5, 6, 7], [9] * 11, [3, 1, 4, 1, 5], [2, 7], [8, 8, 8, 8]]
     lengths = [30, 5, 17, 9, 12]
@@ -57,7 +57,7 @@ def make_request(rid: str, n: int) -> SequenceRequest:
 
 async def test_a_failing_step_aborts_its_batch_and_the_loop_goes_on(tiny_model, monkeypatch):
     runner = ModelRunner(str(tiny_model), device="cpu", dtype="auto", rows=2, context_length=64)
-    sched = Scheduler(runner, max_rows=2, max_prefill_tokens=64, weight_version="0")
+    sched = Scheduler(runner, max_rows=2, max_prefill_tokens=64, weight_version=0)
     real_forward = runner.forward
 
     def broken_forward(*args):

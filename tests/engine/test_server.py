@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slimeish.engine.sglang_schema import parse_sse, validate_generate_request, validate_generate_response
+from tests.engine.sglang_schema import parse_sse, validate_generate_request, validate_generate_response
 
 PROMPT = [5, 17, 42, 99, 7]
 

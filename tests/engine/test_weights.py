@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from slimeish.engine.sglang_schema import validate_generate_response
+from tests.engine.sglang_schema import validate_generate_response
 
 PROMPT = [5, 17, 42, 99, 7]
 GREEDY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}
@@ -119,3 +119,10 @@ def test_wrong_tensor_names_are_rejected(engine, shm_file):
     body = {"serialized_named_tensors": [str(shm_file)], "load_format": "safetensors_path"}
     r = engine.post("/update_weights_from_tensor", json=body)
     assert r.status_code == 400 and "unknown parameter names" in r.json()["message"]
+
+
+def test_a_weight_version_that_is_no_integer_is_400_and_changes_nothing(engine, tiny_model):
+    version = engine.get("/model_info").json()["weight_version"]
+    r = engine.post("/update_weights_from_disk", json={"model_path": str(tiny_model), "weight_version": "latest"})
+    assert r.status_code == 400 and "integer" in r.text
+    assert engine.get("/model_info").json()["weight_version"] == version

@@ -1,4 +1,4 @@
-"""Check `/generate` bodies and responses against SGLang's own published schema.
+"""Test helper: check `/generate` bodies and responses against SGLang's own published schema.
 
 SGLang's wheel ships the msgspec schema of its HTTP API (`sglang/api/v1/api_types.py`, generated
 from the same definitions as its Rust server). Importing it needs only `msgspec`, so tests of any
@@ -30,6 +30,8 @@ def _api() -> ModuleType:
         raise RuntimeError("SGLang's schema needs the sglang wheel: pip install --no-deps sglang")
     path = Path(spec.submodule_search_locations[0]) / "api" / "v1" / "api_types.py"
     module_spec = importlib.util.spec_from_file_location("_sglang_api_types", path)
+    if module_spec is None or module_spec.loader is None:
+        raise RuntimeError(f"cannot load SGLang's schema from {path}")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_spec.name] = module  # msgspec resolves the Structs' forward references here
     module_spec.loader.exec_module(module)
