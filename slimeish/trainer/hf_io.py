@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from slimeish.trainer.convert import gather_shards, hf_to_megatron, megatron_to_hf, shard_for_rank
+from slimeish.trainer.convert import gather_shards, megatron_to_hf, shard_for_rank
 from slimeish.trainer.model import ModelShape
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".safetensors.index.json", ".bin.index.json")
@@ -33,11 +33,6 @@ def _tp_rank_and_size() -> tuple[int, int]:
 def megatron_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Parameters by Megatron name, without Transformer-Engine style `_extra_state` entries."""
     return {k: v for k, v in model.state_dict().items() if "_extra_state" not in k and isinstance(v, torch.Tensor)}
-
-
-def load_hf_into(model: torch.nn.Module, hf: dict[str, torch.Tensor], shape: ModelShape) -> None:
-    """Convert, take this tensor-parallel rank's shard and copy into `model` (all names must match)."""
-    load_megatron_into(model, hf_to_megatron(hf, shape))
 
 
 def load_megatron_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:

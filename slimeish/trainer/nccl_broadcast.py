@@ -78,7 +78,8 @@ class NcclWeightBroadcast:
                 r.result()
 
     def _buckets(self, state: dict[str, torch.Tensor]) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        bucket, size = [], 0
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
         for name, tensor in state.items():
             if bucket and size + tensor.nbytes > self.bucket_bytes:
                 yield bucket

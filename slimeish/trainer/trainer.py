@@ -55,8 +55,11 @@ class Trainer:
         weights = hf_to_megatron(hf_io.read_hf_weights(config.model_path), self.shape)
         self.model = self._build(weights)
         self.reference = self._build(weights).requires_grad_(False).eval() if self.loss_config.kl_coef > 0 else None
+        # On GPU the model runs through Megatron's DDP wrapper (Any: Megatron ships no annotations),
+        # which owns the gradient buffers and their all-reduce.
+        self._ddp: Any = None
         if self.use_gpu:
-            self.model = wrap_gpu_model(self.model)
+            self.model = self._ddp = wrap_gpu_model(self.model)
             self.optimizer = build_gpu_optimizer(self.model, config)
         else:
             self.optimizer = build_cpu_optimizer(self.model, config)
@@ -79,7 +82,7 @@ class Trainer:
         return self.state.step
 
     def _policy(self) -> torch.nn.Module:
-        return self.model.module if self.use_gpu else self.model  # the GPTModel under Megatron's DDP
+        return self._ddp.module if self._ddp is not None else self.model  # the GPTModel under Megatron's DDP
 
     # ---- inference -------------------------------------------------------------------------
 
@@ -215,14 +218,14 @@ class Trainer:
         sums["_abs_diff_max"] = max(sums["_abs_diff_max"], diff.abs().max().item())
 
     def _zero_grad(self) -> None:
-        if self.use_gpu:
-            self.model.zero_grad_buffer()
+        if self._ddp is not None:
+            self._ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
 
     def _apply_gradients(self) -> float:
         set_lr(self.optimizer, lr_at(self.state.step, self.config))
-        if self.use_gpu:
-            self.model.finish_grad_sync()  # all-reduce over data-parallel ranks
+        if self._ddp is not None:
+            self._ddp.finish_grad_sync()  # all-reduce over data-parallel ranks
             _, grad_norm, _ = self.optimizer.step()  # Megatron clips to config.clip_grad inside
             return float(grad_norm or 0.0)
         params = [p for p in self.model.parameters() if p.grad is not None]

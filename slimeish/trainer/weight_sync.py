@@ -64,9 +64,10 @@ class WeightSyncConfig:
 
 
 class SyncSource(Protocol):
-    """What the sync needs from a trainer."""
+    """What the sync needs from a trainer (`Trainer` is one)."""
 
-    weight_version: int
+    @property
+    def weight_version(self) -> int: ...  # read only: the trainer alone advances it
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]: ...
     def export_hf(self, out_dir: str | Path) -> Path: ...

@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM
 from slimeish.common.sample import Sample
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.convert import megatron_to_hf
-from slimeish.trainer.hf_io import load_hf_into, megatron_params, read_hf_weights
+from slimeish.trainer.hf_io import megatron_params, read_hf_weights
 from slimeish.trainer.model import build_gpt_model, gpt_logits
 from slimeish.trainer.trainer import Trainer
+from tests.trainer.trainer_helpers import load_hf_into
 
 
 def main(model_dir: str) -> None:

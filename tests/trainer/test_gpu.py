@@ -23,9 +23,10 @@ pytestmark = [
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
 def test_gpu_bridge_and_bf16_step(tiny_model_factory, arch):
-    script = Path(__file__).with_name("gpu_check.py")
-    out = subprocess.run([sys.executable, str(script), str(tiny_model_factory(arch))], capture_output=True,
-                         text=True, timeout=600, check=True)  # fmt: skip
+    # a module of the tests package, run from the repository root so it imports the test helpers
+    command = [sys.executable, "-m", "tests.trainer.gpu_check", str(tiny_model_factory(arch))]
+    out = subprocess.run(command, cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=600,
+                         check=True)  # fmt: skip
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["round_trip_exact"]
     assert result["fp32_logits_diff"] <= 1e-4

@@ -7,8 +7,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from slimeish.trainer.convert import gather_shards, hf_to_megatron, megatron_to_hf, shard_for_rank
-from slimeish.trainer.hf_io import load_hf_into, megatron_params
+from slimeish.trainer.hf_io import megatron_params
 from slimeish.trainer.model import build_gpt_model, gpt_logits, model_shape
+from tests.trainer.trainer_helpers import load_hf_into
 
 ARCHS = ["qwen2", "llama", "qwen3"]
 

@@ -1,12 +1,21 @@
-"""Sample builders shared by the trainer tests."""
+"""Sample builders and weight loading shared by the trainer tests."""
 
 from __future__ import annotations
 
 import random
 
 import httpx
+import torch
 
 from slimeish.common.sample import Sample
+from slimeish.trainer.convert import hf_to_megatron
+from slimeish.trainer.hf_io import load_megatron_into
+from slimeish.trainer.model import ModelShape
+
+
+def load_hf_into(model: torch.nn.Module, hf: dict[str, torch.Tensor], shape: ModelShape) -> None:
+    """Convert, take this tensor-parallel rank's shard and copy into `model` (all names must match)."""
+    load_megatron_into(model, hf_to_megatron(hf, shape))
 
 
 def random_samples(n_groups: int, group_size: int, seed: int = 0, vocab: int = 800) -> list[Sample]:
