@@ -56,7 +56,11 @@ def session_client(session: Session, http_client: httpx.AsyncClient) -> openai.A
     the episode visibly rather than be papered over.
     """
     return openai.AsyncOpenAI(
-        base_url=session.base_url, api_key=session.api_key, http_client=http_client, max_retries=0
+        base_url=session.base_url,
+        api_key=session.api_key,
+        # openai annotates its pool as httpx2's client; httpx's AsyncClient serves it the same way.
+        http_client=http_client,  # type: ignore[arg-type]
+        max_retries=0,
     )
 
 

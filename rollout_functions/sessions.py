@@ -18,7 +18,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -185,6 +185,8 @@ async def run_groups(
             async with limit:
                 meta = session_metadata(sample, evaluation)
                 group_id = group_id_for(sample, evaluation, rollout_id)
+                if sample.index is None:
+                    raise ValueError("a rollout sample needs the index its data source gave it (get_samples sets it)")
                 session = await sessions.open(
                     group_id, sample.index, group_size, meta, trainable=not evaluation, sampling_defaults=sampling
                 )
@@ -207,7 +209,7 @@ async def run_groups(
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
-    it = iter(results)
+    it = iter(cast(list[Sample], results))  # no exception among them: checked above
     return [[next(it) for _ in g] for g in groups]
 
 
@@ -247,7 +249,8 @@ def rollout_output(groups: list[list[Sample]], evaluation: bool) -> RolloutFnTra
         "episodes": float(len(samples)),
     }
     if evaluation:
-        data = {"eval": {"rewards": rewards, "truncated": [s.status == Status.TRUNCATED for s in samples]}}
+        truncated = [s.status == Status.TRUNCATED for s in samples]
+        data: dict[str, dict[str, list[Any]]] = {"eval": {"rewards": rewards, "truncated": truncated}}
         return RolloutFnEvalOutput(data=data, metrics=metrics)
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 

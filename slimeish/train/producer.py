@@ -116,13 +116,13 @@ class RolloutProducer:
         self._slots = asyncio.Semaphore(max_groups)
         # One thread per worker: each rollout call runs its own event loop in its thread.
         self._executor = ThreadPoolExecutor(max_workers=max_groups, thread_name_prefix="rollout")
-        self._tasks = [asyncio.create_task(self._worker()) for _ in range(max_groups)]
+        self._tasks = [asyncio.create_task(self._worker(self._slots)) for _ in range(max_groups)]
 
-    async def _worker(self) -> None:
+    async def _worker(self, slots: asyncio.Semaphore) -> None:
         # A failing episode is data (its session is finished as failed); a failing rollout call
         # is a bug or an outage, so it stops the run instead of being retried forever.
         while self._error is None:
-            await self._slots.acquire()
+            await slots.acquire()
             try:
                 await self.run_once(1)
             except Exception as exc:

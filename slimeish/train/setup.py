@@ -161,14 +161,14 @@ def plugin_args(setup: TrainSetup, router_url: str, admin_token: str) -> argpars
     function's own included), plus where the router is. A copy per run: plugins may read it
     freely; changes do not reach the configs."""
     host, _, port = router_url.removeprefix("http://").partition(":")
-    return argparse.Namespace(
-        **setup.values(),
-        hf_checkpoint=str(setup.trainer.model_path),
-        router_url=router_url,
-        admin_token=admin_token,
-        sglang_router_ip=host,
-        sglang_router_port=int(port),
-    )
+    where = {
+        "hf_checkpoint": str(setup.trainer.model_path),
+        "router_url": router_url,
+        "admin_token": admin_token,  # the running router's (--admin-token may be unset)
+        "sglang_router_ip": host,
+        "sglang_router_port": int(port),
+    }
+    return argparse.Namespace(**setup.values() | where)
 
 
 def command_line(setup: TrainSetup) -> list[str]:
