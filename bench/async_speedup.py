@@ -39,7 +39,7 @@ from pathlib import Path
 
 from slimeish.buffer import Buffer, EmbeddedServer
 from slimeish.common.procs import ManagedProcess
-from slimeish.run_metrics import read_metrics
+from slimeish.train.metrics import read_metrics
 
 AGENT = "bench.heavy_tail_agent.run"
 

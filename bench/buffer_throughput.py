@@ -49,7 +49,7 @@ async def write(buf: Buffer, turns: list[Turn], group_size: int, concurrency: in
 async def take(buf: Buffer, n_groups: int, batch: int) -> tuple[float, int]:
     start, taken = time.perf_counter(), 0
     while taken < n_groups:
-        groups = await buf.take_groups(batch, "bench")
+        groups = (await buf.take_groups(batch, "bench")).groups
         assert groups, "ran out of groups"
         await buf.ack([g.group_id for g in groups])
         taken += len(groups)

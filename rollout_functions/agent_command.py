@@ -16,11 +16,24 @@ import contextlib
 import json
 import os
 import signal
+from dataclasses import dataclass
 from typing import Any
 
-from slimeish.common.sample import Sample
+from slimeish.common.config import help_field
+from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slimeish.rollout_functions.sessions import Session, episode_groups, rollout_output, run_groups
+from slimeish.rollout_functions.sessions import Session, run_episodes
+
+
+@dataclass(kw_only=True)
+class AgentCommandConfig:
+    agent_command: str | None = help_field(
+        None, help="shell command run per episode (OPENAI_BASE_URL/KEY set to its router session)"
+    )
+    verifier_command: str | None = help_field(None, help="shell command that prints the reward when the agent does not")
+
+
+ROLLOUT_CONFIG = AgentCommandConfig
 
 
 class AgentCommandError(RuntimeError):
@@ -88,9 +101,7 @@ def generate_rollout(
             raise AgentCommandError('no reward: the last stdout line must be a JSON object like {"reward": 1.0}')
         sample.response = stdout
         sample.reward = reward
-        sample.status = Sample.Status.COMPLETED
+        sample.status = Status.COMPLETED
         return sample
 
-    groups = episode_groups(args, data_source, evaluation)
-    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
-    return rollout_output(groups, evaluation)
+    return run_episodes(args, data_source, episode, rollout_id=rollout_id, evaluation=evaluation)

@@ -11,24 +11,18 @@ decides what happens to its group. `--rollout-concurrency` bounds the agents run
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import openai
 
+from slimeish.common.config import help_field
 from slimeish.common.plugins import load_function
-from slimeish.common.sample import Sample
+from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput, load_reward_function
-from slimeish.rollout_functions.sessions import (
-    EpisodeFn,
-    Session,
-    episode_groups,
-    http_client,
-    rollout_output,
-    run_groups,
-)
+from slimeish.rollout_functions.sessions import EpisodeFn, Session, checked_reward, http_client, run_episodes
 
 AGENT_SIGNATURE = "async def agent(client: openai.AsyncOpenAI, sample: Sample) -> float | None"
 AgentFn = Callable[[openai.AsyncOpenAI, Sample], Awaitable[float | None]]
@@ -43,6 +37,18 @@ def load_agent_function(path: str) -> AgentFn:
     return load_function(path, expected=AGENT_SIGNATURE, params=["client", "sample"], is_async=True)
 
 
+@dataclass(kw_only=True)
+class OpenAIAgentConfig:
+    agent_function_path: str | None = help_field(None, help=f"the agent run per episode: {AGENT_SIGNATURE}")
+
+    def check(self) -> None:
+        if self.agent_function_path:
+            load_agent_function(self.agent_function_path)
+
+
+ROLLOUT_CONFIG = OpenAIAgentConfig
+
+
 def session_client(session: Session, http_client: httpx.AsyncClient) -> openai.AsyncOpenAI:
     """An SDK client for one session over the shared HTTP pool.
 
@@ -50,7 +56,11 @@ def session_client(session: Session, http_client: httpx.AsyncClient) -> openai.A
     the episode visibly rather than be papered over.
     """
     return openai.AsyncOpenAI(
-        base_url=session.base_url, api_key=session.api_key, http_client=http_client, max_retries=0
+        base_url=session.base_url,
+        api_key=session.api_key,
+        # openai annotates its pool as httpx2's client; httpx's AsyncClient serves it the same way.
+        http_client=http_client,  # type: ignore[arg-type]
+        max_retries=0,
     )
 
 
@@ -59,16 +69,21 @@ def agent_episode(agent: AgentFn, args: Any = None, rm: RewardFn | None = None) 
     The agent's SDK client shares the rollout call's HTTP pool (`sessions.http_client()`)."""
 
     async def episode(session: Session, sample: Sample) -> Sample:
-        reward = await agent(session_client(session, http_client()), sample)
-        sample.status = Sample.Status.COMPLETED
+        reward: object = await agent(session_client(session, http_client()), sample)
+        sample.status = Status.COMPLETED
+        source = f"the agent {_name(agent)}"
         if reward is None and rm is not None:
-            reward = await rm(args, sample)
+            reward, source = await rm(args, sample), f"the reward function {_name(rm)}"
         if reward is None:
             raise NoRewardError("the agent returned None and no --custom-rm-path is set")
-        sample.reward = float(reward)
+        sample.reward = checked_reward(reward, source)
         return sample
 
     return episode
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 def generate_rollout(
@@ -78,7 +93,5 @@ def generate_rollout(
         raise ValueError("slimeish.rollout_functions.openai_agent needs --agent-function-path")
     agent = load_agent_function(args.agent_function_path)
     rm = load_reward_function(args.custom_rm_path) if args.custom_rm_path else None
-    groups = episode_groups(args, data_source, evaluation)
     episode = agent_episode(agent, args, rm)
-    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
-    return rollout_output(groups, evaluation)
+    return run_episodes(args, data_source, episode, rollout_id=rollout_id, evaluation=evaluation)

@@ -18,11 +18,11 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
-from slimeish.common.sample import Sample
+from slimeish.common.sample import Sample, Status
 from slimeish.rollout import (
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
@@ -72,7 +72,7 @@ class RouterSessions:
         return Session(d["session_id"], d["api_key"], d["base_url"])
 
     async def finish(
-        self, session: Session, reward: float | None, status: Sample.Status, metadata: dict[str, Any] | None = None
+        self, session: Session, reward: float | None, status: Status, metadata: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         body = {"reward": reward, "status": status.value, "metadata": metadata or {}}
         url = f"{self.router_url}/sessions/{session.session_id}/finish"
@@ -185,6 +185,8 @@ async def run_groups(
             async with limit:
                 meta = session_metadata(sample, evaluation)
                 group_id = group_id_for(sample, evaluation, rollout_id)
+                if sample.index is None:
+                    raise ValueError("a rollout sample needs the index its data source gave it (get_samples sets it)")
                 session = await sessions.open(
                     group_id, sample.index, group_size, meta, trainable=not evaluation, sampling_defaults=sampling
                 )
@@ -193,10 +195,10 @@ async def run_groups(
                     sample = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
                 except Exception as exc:  # the agent's failure is data: the group policy decides
                     _fail(sample, f"{type(exc).__name__}: {exc}")
-                reward = _scalar_reward(sample.reward)
-                if sample.status != Sample.Status.FAILED and (reward is None or not math.isfinite(reward)):
+                reward = _finite(sample.reward)
+                if sample.status != Status.FAILED and reward is None:
                     _fail(sample, f"no usable reward: {sample.reward!r}")
-                failed = sample.status == Sample.Status.FAILED
+                failed = sample.status == Status.FAILED
                 error = {"error": sample.metadata["error"]} if failed else None
                 await sessions.finish(session, None if failed else reward, sample.status, error)
                 return sample
@@ -207,36 +209,48 @@ async def run_groups(
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
-    it = iter(results)
+    it = iter(cast(list[Sample], results))  # no exception among them: checked above
     return [[next(it) for _ in g] for g in groups]
 
 
 def _fail(sample: Sample, error: str) -> None:
-    sample.status = Sample.Status.FAILED
+    sample.status = Status.FAILED
     sample.metadata["error"] = error
 
 
-def _scalar_reward(reward: Any) -> float | None:
-    if isinstance(reward, dict):
-        reward = reward.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+def _finite(reward: object) -> float | None:
+    """The reward as a float if the trainer can learn from it (a finite number), else None: a
+    custom generate function may have set anything."""
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         return None
     return float(reward)
+
+
+def checked_reward(value: object, source: str) -> float:
+    """`value` as the reward a plugin returned; anything but a number fails the episode, naming
+    the plugin (`source`) and what it must return."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{source} returned {value!r}; it must return the reward as a number (-> float); "
+            "several named scores go in sample.scores"
+        )
+    return float(value)
 
 
 def rollout_output(groups: list[list[Sample]], evaluation: bool) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """Package finished groups with the metrics every rollout function reports."""
     samples = [s for g in groups for s in g]
-    rewards = [_scalar_reward(s.reward) or 0.0 for s in samples if s.status != Sample.Status.FAILED]
+    rewards = [s.reward for s in samples if s.status != Status.FAILED and s.reward is not None]
     metrics = {
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "failed": float(sum(s.status == Sample.Status.FAILED for s in samples)),
-        "truncated": float(sum(s.status == Sample.Status.TRUNCATED for s in samples)),
+        "failed": float(sum(s.status == Status.FAILED for s in samples)),
+        "truncated": float(sum(s.status == Status.TRUNCATED for s in samples)),
         "episodes": float(len(samples)),
     }
     if evaluation:
-        data = {"eval": {"rewards": rewards, "truncated": [s.status == Sample.Status.TRUNCATED for s in samples]}}
+        truncated = [s.status == Status.TRUNCATED for s in samples]
+        data: dict[str, dict[str, list[Any]]] = {"eval": {"rewards": rewards, "truncated": truncated}}
         return RolloutFnEvalOutput(data=data, metrics=metrics)
     return RolloutFnTrainOutput(samples=groups, metrics=metrics)
 
@@ -246,3 +260,13 @@ def episode_groups(args: Any, data_source: Any, evaluation: bool) -> list[list[S
     if evaluation:
         return data_source.get_samples(len(data_source.prompts))
     return data_source.get_samples(args.rollout_batch_size)
+
+
+def run_episodes(
+    args: Any, data_source: Any, episode: EpisodeFn, *, rollout_id: int, evaluation: bool
+) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    """A rollout function's whole step: draw the groups, run `episode` on each sample through its
+    own router session, and package the result (the common ending of the built-in rollout functions)."""
+    groups = episode_groups(args, data_source, evaluation)
+    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
+    return rollout_output(groups, evaluation)

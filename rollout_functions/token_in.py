@@ -9,11 +9,11 @@ session is in `sample.metadata["session"]`), and `--custom-rm-path` scores each 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from typing import Any
 
-from slimeish.common.sample import Sample
+from slimeish.common.finish import finish_type, sample_status
+from slimeish.common.sample import Sample, Status
 from slimeish.rollout import (
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
@@ -21,9 +21,7 @@ from slimeish.rollout import (
     load_reward_function,
     sampling_params,
 )
-from slimeish.rollout_functions.sessions import Session, episode_groups, http_client, rollout_output, run_groups
-
-_FINISH_STATUS = {"stop": Sample.Status.COMPLETED, "length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED}
+from slimeish.rollout_functions.sessions import Session, checked_reward, http_client, run_episodes
 
 
 @functools.cache
@@ -56,7 +54,7 @@ async def generate(args: Any, sample: Sample, params: dict[str, Any]) -> Sample:
     sample.loss_mask = [1] * len(output_ids)
     sample.rollout_log_probs = [lp for lp, _, _ in meta["output_token_logprobs"]]
     sample.weight_versions = [int(meta["weight_version"])]
-    sample.status = _FINISH_STATUS.get((meta.get("finish_reason") or {}).get("type"), Sample.Status.COMPLETED)
+    sample.status = sample_status(finish_type(meta))
     return sample
 
 
@@ -74,10 +72,8 @@ def generate_rollout(
     async def episode(session: Session, sample: Sample) -> Sample:
         sample.metadata["session"] = {"session_id": session.session_id, "generate_url": session.generate_url}
         sample = await gen(args, sample, dict(params))
-        if rm is not None and sample.status != Sample.Status.FAILED:
-            sample.reward = await rm(args, sample)
+        if rm is not None and sample.status != Status.FAILED:
+            sample.reward = checked_reward(await rm(args, sample), f"the reward function {args.custom_rm_path}")
         return sample
 
-    groups = episode_groups(args, data_source, evaluation)
-    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
-    return rollout_output(groups, evaluation)
+    return run_episodes(args, data_source, episode, rollout_id=rollout_id, evaluation=evaluation)

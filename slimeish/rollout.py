@@ -10,13 +10,20 @@ Three hooks, each named by import path on the command line:
 `args` is a read-only namespace with slime's attribute names (`rollout_batch_size`,
 `n_samples_per_prompt`, `rollout_max_response_len`, `rollout_temperature`, `hf_checkpoint`,
 `sglang_router_ip`, `sglang_router_port`, ...) plus slimeish's `router_url` and `admin_token`.
+
+A rollout function's module may declare flags of its own: `ROLLOUT_CONFIG` names a
+`@dataclass(kw_only=True)` whose fields use `help_field`. `slimeish train` then shows them under
+the module's name, builds the dataclass, calls its `check()` method (if it has one) before any
+process starts, and puts every field on `args` under its own name.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from slimeish.common.config import help_field
 from slimeish.common.plugins import load_function
@@ -55,16 +62,6 @@ class RolloutConfig:
         None, help=f"per-sample generate used by token_in (default: token-in through the router): {GENERATE_SIGNATURE}"
     )
     custom_rm_path: str | None = help_field(None, help=f"reward function: {REWARD_SIGNATURE}")
-    agent_function_path: str | None = help_field(
-        None,
-        help="agent for slimeish.rollout_functions.openai_agent: async def agent(client: openai.AsyncOpenAI, sample)",
-    )
-    agent_command: str | None = help_field(
-        None, help="shell command run per episode by slimeish.rollout_functions.agent_command (OPENAI_BASE_URL/KEY set)"
-    )
-    verifier_command: str | None = help_field(
-        None, help="shell command that prints the reward for agent_command when the agent does not"
-    )
     rollout_batch_size: int = help_field(8, help="prompts per rollout step")
     n_samples_per_prompt: int = help_field(4, help="samples per prompt (the GRPO group size)")
     rollout_max_response_len: int = help_field(64, help="max new tokens per turn")
@@ -88,6 +85,34 @@ def load_generate_function(path: str) -> Callable[..., Awaitable[Sample]]:
 
 def load_reward_function(path: str) -> Callable[..., Awaitable[float]]:
     return load_function(path, expected=REWARD_SIGNATURE, params=["args", "sample"], is_async=True)
+
+
+# The module attribute naming a rollout function's own config dataclass.
+ROLLOUT_CONFIG = "ROLLOUT_CONFIG"
+
+
+@runtime_checkable
+class CheckedConfig(Protocol):
+    """A rollout function's config that checks itself at start-up (raise ValueError, saying what
+    was expected): e.g. that a function it names imports and has the right signature."""
+
+    def check(self) -> None: ...
+
+
+def rollout_config_type(path: str) -> type[Any] | None:
+    """The config dataclass the module of rollout function `path` declares, or None."""
+    load_rollout_function(path)  # imports the module, and fails with the expected signature
+    module = importlib.import_module(path.replace(":", ".").rpartition(".")[0])
+    cls = getattr(module, ROLLOUT_CONFIG, None)
+    if cls is not None and not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ValueError(f"{module.__name__}.{ROLLOUT_CONFIG} must name a @dataclass(kw_only=True), got {cls!r}")
+    return cls
+
+
+def check_rollout_config(cfg: object) -> None:
+    """Run a rollout function's start-up check of its config, where it defines one."""
+    if isinstance(cfg, CheckedConfig):
+        cfg.check()
 
 
 def training_group_id(sample: Sample) -> str:

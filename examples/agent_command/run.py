@@ -5,9 +5,9 @@
 
 `slimeish train` starts the embedded buffer, a CPU engine with a tiny model, and the router;
 `slimeish.rollout_functions.agent_command` runs `agent.py` once per episode against its own router
-session. Flags not listed by `--help` go to `slimeish train` unchanged and win (e.g.
-`--num-rollout 20`, or `--engine-url URL --weight-sync disk --device cuda` with a real
-`--model-path`).
+session. Flags not listed by `--help` are `slimeish train` flags applied over the example's
+settings, so they win (e.g. `--rollout-batch-size 4`, or `--engine-url URL --weight-sync disk
+--device cuda` with a real `--model-path`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,30 @@ from pathlib import Path
 from examples.math_sglang.data import MathDataConfig, write_datasets
 from slimeish import train
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
+from slimeish.data import DataConfig
+from slimeish.rollout import RolloutConfig
+from slimeish.rollout_functions.agent_command import AgentCommandConfig
+from slimeish.train import RunConfig, TrainSetup, parse_args
+from slimeish.train.setup import command_line
+from slimeish.trainer.config import TrainerConfig
 
 HERE = Path(__file__).resolve().parent
-TRAIN_ARGS = [
-    "--rollout-function-path", "slimeish.rollout_functions.agent_command.generate_rollout",
-    "--device", "cpu", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--lr", "1e-5",
-    "--rollout-timeout", "120",
-]  # fmt: skip
+
+
+def preset(run_dir: Path, prompts: Path, model: Path, num_rollout: int, plugin: AgentCommandConfig) -> TrainSetup:
+    """A short CPU run of the agent command on the tiny model's embedded engine."""
+    return TrainSetup(
+        run=RunConfig(run_dir=run_dir, num_rollout=num_rollout),
+        data=DataConfig(prompt_data=prompts),
+        rollout=RolloutConfig(
+            rollout_function_path="slimeish.rollout_functions.agent_command.generate_rollout",
+            rollout_batch_size=2,
+            n_samples_per_prompt=2,
+            rollout_timeout=120.0,
+        ),
+        plugin=plugin,
+        trainer=TrainerConfig(model_path=model, device="cpu", lr=1e-5),
+    )
 
 
 @dataclass(kw_only=True)
@@ -48,15 +65,14 @@ def commands(cfg: AgentRunConfig) -> tuple[str, str | None]:
     return f"{agent} --answer-only", f"{python} {shlex.quote(str(HERE / 'verifier.py'))}"
 
 
-def train_argv(cfg: AgentRunConfig, extra: list[str]) -> list[str]:
+def train_setup(cfg: AgentRunConfig, extra: list[str]) -> TrainSetup:
+    """The run: data, model and the preset, then the user's `slimeish train` flags, which win."""
     run_dir = cfg.run_dir.resolve()
     train_jsonl, _ = write_datasets(run_dir / "data", MathDataConfig(n_train=64, n_eval=1, max_value=9))
     agent, verifier = commands(cfg)
-    argv = ["--run-dir", str(run_dir), "--model-path", str(_model_path(cfg, run_dir))]
-    argv += ["--prompt-data", str(train_jsonl), "--num-rollout", str(cfg.num_rollout), "--agent-command", agent]
-    if verifier is not None:
-        argv += ["--verifier-command", verifier]
-    return argv + TRAIN_ARGS + extra
+    plugin = AgentCommandConfig(agent_command=agent, verifier_command=verifier)
+    base = preset(run_dir, train_jsonl, _model_path(cfg, run_dir), cfg.num_rollout, plugin)
+    return parse_args(extra, base=base)
 
 
 def _model_path(cfg: AgentRunConfig, run_dir: Path) -> Path:
@@ -71,9 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_dataclass_args(parser, AgentRunConfig, "example")
     ns, extra = parser.parse_known_args(argv)
-    args = train_argv(from_namespace(AgentRunConfig, ns), extra)
-    print("slimeish train " + shlex.join(args), flush=True)
-    train.main(args)
+    setup = train_setup(from_namespace(AgentRunConfig, ns), extra)
+    print("slimeish train " + shlex.join(command_line(setup)), flush=True)
+    train.run(setup)
 
 
 if __name__ == "__main__":

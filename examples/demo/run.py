@@ -17,12 +17,19 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+import slimeish.train
 from examples.demo.sft import SFTConfig, sft
 from examples.demo.task import TaskConfig, write_datasets
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
+from slimeish.data import DataConfig
 from slimeish.models.tiny import TinyModelConfig, make_tiny_model
-from slimeish.run_metrics import read_metrics
+from slimeish.rollout import RolloutConfig
+from slimeish.rollout_functions.openai_agent import OpenAIAgentConfig
+from slimeish.train import RunConfig, TrainSetup
+from slimeish.train.metrics import read_metrics
+from slimeish.trainer.config import LossConfig, TrainerConfig
 
 
 @dataclass(kw_only=True)
@@ -40,7 +47,7 @@ class DemoConfig:
         0.05, help="k3 KL penalty to the warm-start: keeps every operation's right tool possible to sample"
     )
     eval_interval: int = help_field(10, help="evaluate on the held-out prompts every N steps")
-    mode: str = help_field("sync", help="sync or async (see docs/cli.md)")
+    mode: Literal["sync", "async"] = help_field("sync", help="sync or async (see docs/cli.md)")
     fresh: bool = help_field(False, help="rebuild the data, the base model and the warm-start")
 
 
@@ -59,31 +66,32 @@ def prepare(cfg: DemoConfig) -> tuple[Path, Path, Path]:
     return data_dir / "train.jsonl", data_dir / "eval.jsonl", warm
 
 
-def train_argv(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> list[str]:
-    return [
-        "--model-path", str(model),
-        "--run-dir", str(cfg.run_dir / "rl"),
-        "--prompt-data", str(train),
-        "--eval-prompt-data", str(eval_),
-        "--rollout-function-path", "slimeish.rollout_functions.openai_agent.generate_rollout",
-        "--agent-function-path", "examples.demo.agent.run_agent",
-        "--mode", cfg.mode,
-        "--num-rollout", str(cfg.num_rollout),
-        "--rollout-batch-size", str(cfg.rollout_batch_size),
-        "--n-samples-per-prompt", str(cfg.n_samples_per_prompt),
-        "--eval-interval", str(cfg.eval_interval),
-        "--eval-temperature", "0",  # greedy: the policy's choice; the train curve shows it sampled at T=1
-        "--lr", str(cfg.lr),
-        "--lr-warmup-steps", str(cfg.lr_warmup_steps),
-        "--lr-decay-style", "cosine",
-        "--lr-decay-steps", str(max(cfg.num_rollout - cfg.lr_warmup_steps, 1)),
-        "--min-lr", str(cfg.min_lr),
-        "--kl-coef", str(cfg.kl_coef),
-        "--kl-estimator", "k3",
-        "--adam-beta2", "0.98",
-        "--clip-grad", "1.0",
-        "--loss-aggregation", "sequence",
-    ]  # fmt: skip
+def train_setup(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> TrainSetup:
+    """The `slimeish train` recipe of the demo, as the typed configs `slimeish.train.run` takes."""
+    return TrainSetup(
+        run=RunConfig(
+            run_dir=cfg.run_dir / "rl", mode=cfg.mode, num_rollout=cfg.num_rollout, eval_interval=cfg.eval_interval
+        ),
+        data=DataConfig(prompt_data=train, eval_prompt_data=eval_),
+        rollout=RolloutConfig(
+            rollout_function_path="slimeish.rollout_functions.openai_agent.generate_rollout",
+            rollout_batch_size=cfg.rollout_batch_size,
+            n_samples_per_prompt=cfg.n_samples_per_prompt,
+            eval_temperature=0.0,  # greedy: the policy's choice; the train curve shows it sampled at T=1
+        ),
+        plugin=OpenAIAgentConfig(agent_function_path="examples.demo.agent.run_agent"),
+        trainer=TrainerConfig(
+            model_path=model,
+            lr=cfg.lr,
+            lr_warmup_steps=cfg.lr_warmup_steps,
+            lr_decay_style="cosine",
+            lr_decay_steps=max(cfg.num_rollout - cfg.lr_warmup_steps, 1),
+            min_lr=cfg.min_lr,
+            adam_beta2=0.98,
+            clip_grad=1.0,
+        ),
+        loss=LossConfig(kl_coef=cfg.kl_coef, kl_estimator="k3", loss_aggregation="sequence"),
+    )
 
 
 def summarize(run_dir: Path) -> None:
@@ -96,14 +104,12 @@ def summarize(run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from slimeish.train import main as train_main
-
     parser = argparse.ArgumentParser(prog="python -m examples.demo.run", description=__doc__.split("\n\n")[0])
     add_dataclass_args(parser, DemoConfig, "demo")
     cfg = from_namespace(DemoConfig, parser.parse_args(argv))
     t0 = time.monotonic()
     train, eval_, model = prepare(cfg)
-    train_main(train_argv(cfg, train, eval_, model))
+    slimeish.train.run(train_setup(cfg, train, eval_, model))
     summarize(cfg.run_dir / "rl")
     print(f"demo finished in {(time.monotonic() - t0) / 60:.1f} min")
 

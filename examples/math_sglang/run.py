@@ -5,47 +5,76 @@
     # anywhere else: the embedded CPU engine and a tiny model, two steps to show the loop runs
     python -m examples.math_sglang.run
 
-It writes the prompt sets into the run dir, prints the `slimeish train` command it runs, and
-runs it. Any flag not listed by `--help` goes to `slimeish train` unchanged, after the
-example's own settings, so it wins (e.g. `--lr 2e-6 --num-engines 2`).
+It writes the prompt sets into the run dir, builds the run's `TrainSetup`, prints it as the
+equivalent `slimeish train` command, and runs it with `slimeish.train.run`. Any flag not listed
+by `--help` is a `slimeish train` flag applied over the example's own settings, so it wins (e.g.
+`--lr 2e-6 --num-engines 2`).
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from examples.math_sglang.data import MathDataConfig, write_datasets
 from slimeish import train
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
-from slimeish.launch import check_engine
+from slimeish.data import DataConfig
+from slimeish.rollout import RolloutConfig
+from slimeish.train import RunConfig, TrainSetup, parse_args
+from slimeish.train.launch import StackConfig, check_engine
+from slimeish.train.setup import command_line
+from slimeish.trainer.config import LossConfig, TrainerConfig
 
 REWARD = "examples.math_sglang.reward.reward"
 
 # SGLang loads the exported HF checkpoint; the `tensor` fast path is the embedded engine's only.
-WEIGHT_SYNC = "disk"
-# GRPO on SGLang: 32 prompts x 8 samples per step, one optimizer step per rollout step.
-GPU_ARGS = [
-    "--device", "cuda", "--dtype", "bfloat16",
-    "--weight-sync", WEIGHT_SYNC,
-    # SGLang refuses flush_cache while requests run in a paused batch, so sync weights between rollouts.
-    "--mode", "sync",
-    "--rollout-batch-size", "32", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "1024",
-    "--rollout-temperature", "1.0", "--rollout-concurrency", "256",
-    "--lr", "1e-6", "--weight-decay", "0.1", "--clip-grad", "1.0",
-    "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--eps-clip-high", "0.28", "--kl-coef", "0",
-    # SGLang's bf16 kernels and Megatron's disagree slightly: correct the off-policy gap (TIS).
-    "--tis", "--eval-interval", "20", "--save-interval", "50",
-    # Bounds the fp32 logits of one micro-batch: 8192 tokens x Qwen's 152k vocabulary is ~5 GB.
-    "--micro-batch-tokens", "8192",
-]  # fmt: skip
-# The embedded CPU stack with a tiny random model: enough to watch every part run, not to learn.
-CPU_ARGS = [
-    "--device", "cpu", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-    "--rollout-max-response-len", "16", "--lr", "1e-5",
-]  # fmt: skip
+WEIGHT_SYNC: Literal["disk"] = "disk"
+
+
+def gpu_setup(run: RunConfig, data: DataConfig, model: Path, engine_url: list[str]) -> TrainSetup:
+    """GRPO on SGLang: 32 prompts x 8 samples per step, one optimizer step per rollout step."""
+    return TrainSetup(
+        # SGLang refuses flush_cache while requests run in a paused batch, so sync weights between rollouts.
+        run=replace(run, weight_sync=WEIGHT_SYNC, mode="sync", eval_interval=20, save_interval=50),
+        data=data,
+        rollout=RolloutConfig(
+            custom_rm_path=REWARD,
+            rollout_batch_size=32,
+            n_samples_per_prompt=8,
+            rollout_max_response_len=1024,
+            rollout_temperature=1.0,
+            rollout_concurrency=256,
+        ),
+        stack=StackConfig(engine_url=engine_url),
+        # micro_batch_tokens bounds the fp32 logits of one micro-batch: 8192 x Qwen's 152k vocabulary is ~5 GB.
+        trainer=TrainerConfig(
+            model_path=model,
+            device="cuda",
+            dtype="bfloat16",
+            lr=1e-6,
+            weight_decay=0.1,
+            clip_grad=1.0,
+            micro_batch_tokens=8192,
+        ),
+        # SGLang's bf16 kernels and Megatron's disagree slightly: correct the off-policy gap (TIS).
+        loss=LossConfig(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28, kl_coef=0.0, tis=True),
+    )
+
+
+def cpu_setup(run: RunConfig, data: DataConfig, model: Path) -> TrainSetup:
+    """The embedded CPU stack with a tiny random model: enough to watch every part run, not to learn."""
+    return TrainSetup(
+        run=run,
+        data=data,
+        rollout=RolloutConfig(
+            custom_rm_path=REWARD, rollout_batch_size=2, n_samples_per_prompt=4, rollout_max_response_len=16
+        ),
+        trainer=TrainerConfig(model_path=model, device="cpu", lr=1e-5),
+    )
 
 
 @dataclass(kw_only=True)
@@ -69,18 +98,16 @@ def check_engines(urls: list[str]) -> None:
             raise SystemExit(str(exc)) from exc
 
 
-def train_argv(cfg: MathRunConfig, extra: list[str]) -> list[str]:
-    """The `slimeish train` arguments: data and model first, then the preset, then the user's flags."""
+def train_setup(cfg: MathRunConfig, extra: list[str]) -> TrainSetup:
+    """The run: data and model, the preset, then the user's `slimeish train` flags, which win."""
     run_dir = cfg.run_dir.resolve()  # absolute: SGLang loads the exported weights by this path
     train_jsonl, eval_jsonl = write_datasets(run_dir / "data", _data_config(cfg))
     gpu = bool(cfg.engine_url)
-    steps = cfg.num_rollout or (200 if gpu else 2)
-    argv = ["--run-dir", str(run_dir), "--model-path", str(_model_path(cfg, run_dir))]
-    argv += ["--prompt-data", str(train_jsonl), "--eval-prompt-data", str(eval_jsonl)]
-    argv += ["--metadata-key", "metadata", "--custom-rm-path", REWARD, "--num-rollout", str(steps)]
-    if gpu:
-        argv += ["--engine-url", *cfg.engine_url]
-    return argv + (GPU_ARGS if gpu else CPU_ARGS) + extra
+    run = RunConfig(run_dir=run_dir, num_rollout=cfg.num_rollout or (200 if gpu else 2))
+    data = DataConfig(prompt_data=train_jsonl, eval_prompt_data=eval_jsonl, metadata_key="metadata")
+    model = _model_path(cfg, run_dir)
+    preset = gpu_setup(run, data, model, cfg.engine_url) if gpu else cpu_setup(run, data, model)
+    return parse_args(extra, base=preset)
 
 
 def _data_config(cfg: MathRunConfig) -> MathDataConfig:
@@ -104,9 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = from_namespace(MathRunConfig, ns)
     if cfg.engine_url:
         check_engines(cfg.engine_url)
-    args = train_argv(cfg, extra)
-    print("slimeish train " + shlex.join(args), flush=True)
-    train.main(args)
+    setup = train_setup(cfg, extra)
+    print("slimeish train " + shlex.join(command_line(setup)), flush=True)
+    train.run(setup)
 
 
 if __name__ == "__main__":

@@ -119,12 +119,13 @@ def test_sloppy_teacher_mostly_picks_the_inverse_tool():
 
 
 def test_demo_recipe_is_a_valid_train_command(tmp_path):
-    from examples.demo.run import DemoConfig, train_argv
-    from slimeish.train import check_plugins, parse_args
+    from examples.demo.run import DemoConfig, train_setup
+    from slimeish.train.setup import check_plugins, command_line, parse_args
 
     cfg = DemoConfig(run_dir=tmp_path)
-    setup = parse_args(train_argv(cfg, tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "warm"))
-    check_plugins(setup.rollout)  # the agent and rollout function load with the signatures they need
+    setup = train_setup(cfg, tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path / "warm")
+    assert parse_args(command_line(setup)) == setup  # the same run as a `slimeish train` command
+    check_plugins(setup)  # the agent and rollout function load with the signatures they need
     assert setup.rollout.rollout_batch_size * setup.rollout.n_samples_per_prompt == 128
     assert setup.rollout.eval_temperature == 0.0  # greedy held-out eval; training samples at T=1
     assert setup.rollout.rollout_temperature == 1.0

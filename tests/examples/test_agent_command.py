@@ -19,7 +19,7 @@ from examples.agent_command.agent import FOLLOW_UP, last_number, score
 from examples.agent_command.run import AgentRunConfig, commands
 from slimeish.common.procs import ManagedProcess
 from slimeish.rollout_functions.agent_command import parse_reward, run_command
-from slimeish.run_metrics import read_metrics
+from slimeish.train.metrics import read_metrics
 
 PROMPT = [{"role": "user", "content": "What is 7 plus 5?"}]
 

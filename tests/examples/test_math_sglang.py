@@ -10,7 +10,7 @@ import pytest
 
 from examples.math_sglang.data import INSTRUCTION, MathDataConfig, make_splits, write_datasets
 from examples.math_sglang.reward import final_number, reward, score
-from examples.math_sglang.run import CPU_ARGS, GPU_ARGS, MathRunConfig, check_engines, train_argv
+from examples.math_sglang.run import MathRunConfig, check_engines, train_setup
 from slimeish.common.sample import Sample
 
 # Each template's answer, recomputed from the numbers in its question text (in order of appearance).
@@ -89,23 +89,26 @@ def test_score_and_reward_hook():
 
 
 def test_cpu_command_uses_the_embedded_engine(tmp_path, tiny_model):
-    argv = train_argv(MathRunConfig(run_dir=tmp_path / "run", model_path=tiny_model), ["--lr", "3e-5"])
-    assert "--engine-url" not in argv and argv[-len(CPU_ARGS) - 2 : -2] == CPU_ARGS
-    assert argv[-2:] == ["--lr", "3e-5"]  # the user's flags come last, so they win
-    assert _value(argv, "--num-rollout") == "2"
-    assert _value(argv, "--custom-rm-path") == "examples.math_sglang.reward.reward"
+    setup = train_setup(MathRunConfig(run_dir=tmp_path / "run", model_path=tiny_model), ["--lr", "3e-5"])
+    assert setup.stack.engine_url == [] and setup.trainer.device == "cpu"  # the CPU preset
+    assert (setup.rollout.rollout_batch_size, setup.rollout.n_samples_per_prompt) == (2, 4)
+    assert setup.rollout.rollout_max_response_len == 16
+    assert setup.trainer.lr == 3e-5  # the user's flags come last, so they win
+    assert setup.run.num_rollout == 2
+    assert setup.rollout.custom_rm_path == "examples.math_sglang.reward.reward"
     assert (tmp_path / "run" / "data" / "train.jsonl").exists()
 
 
 def test_gpu_command_points_at_sglang(tmp_path):
     cfg = MathRunConfig(engine_url=["http://a:30000", "http://b:30000"], model_path=tmp_path / "m", run_dir=tmp_path)
-    argv = train_argv(cfg, [])
-    assert argv[argv.index("--engine-url") + 1 : argv.index("--engine-url") + 3] == ["http://a:30000", "http://b:30000"]
-    assert argv[-len(GPU_ARGS) :] == GPU_ARGS
-    assert _value(argv, "--weight-sync") == "disk" and _value(argv, "--device") == "cuda"
-    assert _value(argv, "--run-dir") == str(tmp_path.resolve())  # SGLang reads exported weights by this path
+    setup = train_setup(cfg, [])
+    assert setup.stack.engine_url == ["http://a:30000", "http://b:30000"]
+    assert (setup.rollout.rollout_batch_size, setup.rollout.n_samples_per_prompt) == (32, 8)  # the GPU preset
+    assert setup.loss.tis and setup.trainer.dtype == "bfloat16" and setup.run.mode == "sync"
+    assert setup.run.weight_sync == "disk" and setup.trainer.device == "cuda"
+    assert setup.run.run_dir == tmp_path.resolve()  # SGLang reads exported weights by this path
     with pytest.raises(SystemExit, match="--model-path is required"):
-        train_argv(MathRunConfig(engine_url=["http://a:30000"], run_dir=tmp_path), [])
+        train_setup(MathRunConfig(engine_url=["http://a:30000"], run_dir=tmp_path), [])
 
 
 def test_engine_check_wants_integer_weight_versions(server):
@@ -115,7 +118,3 @@ def test_engine_check_wants_integer_weight_versions(server):
         check_engines([server.url])
     with pytest.raises(SystemExit, match="is the server running"):
         check_engines(["http://127.0.0.1:9"])
-
-
-def _value(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]

@@ -6,7 +6,7 @@ from fastapi import FastAPI
 
 from slimeish.common.procs import free_port
 from slimeish.engine.protocol import ENGINE_NAME
-from slimeish.launch import check_engine
+from slimeish.train.launch import check_engine
 from tests.stand_in import serve_app
 
 
@@ -49,7 +49,7 @@ def test_unreachable_engine_is_a_clear_error():
 def test_flag_values_starting_with_a_dash_stay_values():
     import argparse
 
-    from slimeish.launch import flags
+    from slimeish.train.launch import flags
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--admin-token")

@@ -1,4 +1,5 @@
-"""The three plugin hooks load by import path, are checked at start-up, and run as slime's do."""
+"""The three plugin hooks load by import path, are checked at start-up, and run as slime's do;
+a rollout function may declare flags of its own."""
 
 import asyncio
 import os
@@ -19,6 +20,9 @@ from slimeish.rollout import (
     load_rollout_function,
     sampling_params,
 )
+from slimeish.rollout_functions.openai_agent import AGENT_SIGNATURE
+from slimeish.train.setup import check_plugins, command_line, parse_args, plugin_args
+from tests.train.reference_flag_plugin import EchoConfig
 
 REF = "tests.train.reference_plugins"
 
@@ -81,3 +85,51 @@ def test_plugins_import_from_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
     assert asyncio.run(load_reward_function("my_rm_plugin_xyz.reward")(None, None)) == 1.0
+
+
+FLAG_PLUGIN = "tests.train.reference_flag_plugin.generate_rollout"
+REQUIRED = ["--prompt-data", "p.jsonl", "--model-path", "m"]
+
+
+def test_a_rollout_function_declares_its_own_flags():
+    setup = parse_args(["--rollout-function-path", FLAG_PLUGIN, "--echo-prefix", "hi", *REQUIRED])
+    assert setup.plugin == EchoConfig(echo_prefix="hi")
+    check_plugins(setup)
+    args = plugin_args(setup, "http://127.0.0.1:1", "token")
+    assert args.echo_prefix == "hi" and args.rollout_batch_size == setup.rollout.rollout_batch_size
+    source = DataSource([Sample(prompt="a")], 2, shuffle=False)
+    out = load_rollout_function(FLAG_PLUGIN)(SimpleNamespace(**vars(args) | {"rollout_batch_size": 1}), 0, source)
+    assert [s.response for s in out.samples[0]] == ["hi a", "hi a"]
+    assert parse_args(command_line(setup)) == setup
+
+
+def test_plugin_flags_come_from_yaml_and_show_under_the_plugin(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"rollout-function-path: {FLAG_PLUGIN}\necho-prefix: from-yaml\n")
+    assert parse_args(["--config", str(config), *REQUIRED]).plugin == EchoConfig(echo_prefix="from-yaml")
+    with pytest.raises(SystemExit):
+        parse_args(["--rollout-function-path", FLAG_PLUGIN, "--help"])
+    help_text = capsys.readouterr().out
+    assert "tests.train.reference_flag_plugin (rollout function options):\n  --echo-prefix" in help_text
+
+
+def test_plugin_flags_exist_only_for_their_plugin():
+    with pytest.raises(SystemExit):
+        parse_args(["--echo-prefix", "hi", *REQUIRED])  # the default rollout function declares none
+    assert parse_args(REQUIRED).plugin is None
+
+
+def test_plugin_check_runs_at_start_up():
+    setup = parse_args(["--rollout-function-path", FLAG_PLUGIN, "--echo-prefix", "", *REQUIRED])
+    with pytest.raises(ValueError, match="--echo-prefix must not be empty"):
+        check_plugins(setup)
+
+
+def test_wrong_agent_function_fails_at_start_up_with_the_expected_signature():
+    rollout = "slimeish.rollout_functions.openai_agent.generate_rollout"
+    setup = parse_args(
+        ["--rollout-function-path", rollout, "--agent-function-path", f"{REF}.reward_missing_sample", *REQUIRED]
+    )
+    with pytest.raises(ValueError, match="wrong signature") as exc:
+        check_plugins(setup)
+    assert AGENT_SIGNATURE in str(exc.value)

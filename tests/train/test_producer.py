@@ -8,8 +8,8 @@ import pytest
 from slimeish.buffer import Buffer, BufferConfig, EmbeddedServer
 from slimeish.common.sample import Sample
 from slimeish.data import DataSource
-from slimeish.producer import RolloutProducer, sample_to_turns
 from slimeish.rollout import RolloutFnTrainOutput
+from slimeish.train.producer import RolloutProducer, sample_to_turns
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +68,10 @@ async def test_stale_members_are_generated_again_into_their_group(valkey):
     async with Buffer(valkey.url, "producer-regen", BufferConfig(max_staleness=2)) as buffer:
         producer = RolloutProducer(rollout, args, data, buffer)
         await producer.run_once()
-        assert await buffer.take_groups(1, "t", current_version=5) == []  # reopened: 0 and 2 are stale
+        assert (await buffer.take_groups(1, "t", current_version=5)).groups == []  # reopened: 0 and 2 are stale
         rollout.versions = {0: 5, 1: None, 2: 5}
         await producer.run_once()
-        (group,) = await buffer.take_groups(1, "t", current_version=5)
+        (group,) = (await buffer.take_groups(1, "t", current_version=5)).groups
     assert rollout.calls == [(0, [0, 1, 2]), (0, [0, 2])]  # the second call served only the stale members
     assert group.group_id == "g0"
     assert [(s.index, s.reward, s.weight_versions) for s in group.samples] == [

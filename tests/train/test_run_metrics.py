@@ -5,8 +5,7 @@ from fastapi.responses import Response
 
 from slimeish.common.sample import Sample
 from slimeish.router.metrics import RouterMetrics
-from slimeish.run_metrics import MetricsLogger, RouterCounters
-from slimeish.train import batch_metrics
+from slimeish.train.metrics import MetricsLogger, RouterCounters, batch_metrics
 from tests.stand_in import serve_app
 
 

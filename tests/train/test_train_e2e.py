@@ -19,7 +19,7 @@ import pytest
 
 from slimeish.buffer import Buffer, EmbeddedServer
 from slimeish.common.procs import ManagedProcess
-from slimeish.run_metrics import read_metrics
+from slimeish.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 REWARD = "tests.train.reference_plugins.first_token_parity"

@@ -21,9 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from slimeish.buffer.client import Buffer
-from slimeish.buffer.records import SessionInfo, Turn
-from slimeish.common.sample import Sample
+from slimeish.buffer import Buffer, SessionInfo, Turn
+from slimeish.common.sample import Sample, Status
 from slimeish.data import DataSource
 from slimeish.rollout import RolloutFnTrainOutput, session_metadata, training_group_id
 
@@ -67,8 +66,8 @@ async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], group_siz
             await buffer.open_session(info)
             for turn in sample_to_turns(session_id, sample):
                 await buffer.append_turn(turn)
-            status = Sample.Status.COMPLETED if sample.status == Sample.Status.PENDING else sample.status
-            reward = None if status == Sample.Status.FAILED else sample.reward
+            status = Status.COMPLETED if sample.status == Status.PENDING else sample.status
+            reward = None if status == Status.FAILED else sample.reward
             await buffer.finish_session(session_id, reward, status.value)
 
 
@@ -117,13 +116,13 @@ class RolloutProducer:
         self._slots = asyncio.Semaphore(max_groups)
         # One thread per worker: each rollout call runs its own event loop in its thread.
         self._executor = ThreadPoolExecutor(max_workers=max_groups, thread_name_prefix="rollout")
-        self._tasks = [asyncio.create_task(self._worker()) for _ in range(max_groups)]
+        self._tasks = [asyncio.create_task(self._worker(self._slots)) for _ in range(max_groups)]
 
-    async def _worker(self) -> None:
+    async def _worker(self, slots: asyncio.Semaphore) -> None:
         # A failing episode is data (its session is finished as failed); a failing rollout call
         # is a bug or an outage, so it stops the run instead of being retried forever.
         while self._error is None:
-            await self._slots.acquire()
+            await slots.acquire()
             try:
                 await self.run_once(1)
             except Exception as exc:

@@ -1,14 +1,22 @@
-"""Per-step metrics of a run: console line, `metrics.jsonl`, TensorBoard, and `reward.png`."""
+"""Per-step metrics of a run: what the trained batch looked like, the router's counters, and
+where they go (console line, `metrics.jsonl`, TensorBoard, `reward.png`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from slimeish.common.sample import Sample
 
 # Shown on the console line, in this order, when present; everything goes to JSONL/TensorBoard.
 CONSOLE_KEYS = {
@@ -25,6 +33,36 @@ CONSOLE_KEYS = {
     "time/train": "t_train",
     "time/sync": "t_sync",
 }
+
+
+def batch_metrics(samples: list[Sample], version: int) -> dict[str, float]:
+    """What the trained batch looked like: rewards, lengths, staleness, capture splits."""
+    if not samples:
+        return {}
+    rewards = [s.reward for s in samples if s.reward is not None]
+    oldest = [min(s.weight_versions) for s in samples if s.weight_versions]
+    splits = Counter(s.split_reason for s in samples if s.split_reason is not None)
+    return {
+        "rollout/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "rollout/reward_std": statistics.pstdev(rewards) if rewards else 0.0,
+        "rollout/response_length": sum(s.response_length for s in samples) / len(samples),
+        "rollout/samples": float(len(samples)),
+        "rollout/segments_split": float(sum(splits.values())),
+        "rollout/staleness_max": float(version - min(oldest)) if oldest else 0.0,
+        "rollout/sampled_tokens": float(sum(sum(s.loss_mask or []) for s in samples)),
+    } | {f"rollout/segments_split/{reason}": float(n) for reason, n in splits.items()}
+
+
+@contextlib.contextmanager
+def timed(metrics: dict[str, Any], key: str) -> Iterator[None]:
+    """Record the seconds the block took as `metrics[key]`."""
+    t0 = time.perf_counter()
+    yield
+    metrics[key] = time.perf_counter() - t0
+
+
+def prefixed(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}/{k}": v for k, v in values.items()}
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:

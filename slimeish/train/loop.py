@@ -1,0 +1,92 @@
+"""`slimeish train`: start the parts, then generate → train → sync weights, in one loop.
+
+Sync mode runs the three phases in turn. Async mode keeps episodes running while the trainer
+trains: the producer streams groups, keeping at most `--async-groups` (default
+`2 * (max_staleness + 1) * rollout_batch_size`) generated but not yet trained; weights update in
+place (pause → flush → update → continue, no request aborted), and the buffer never hands out a
+group with a member older than `--max-staleness` versions: it reopens the group, and those
+members come back through the regeneration queue to be generated again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from tqdm import tqdm
+
+from slimeish.buffer import Group
+from slimeish.train.checkpoint import save
+from slimeish.train.collect import collect_groups, evaluate
+from slimeish.train.launch import Stack
+from slimeish.train.metrics import batch_metrics, prefixed, timed
+from slimeish.train.parts import Parts, started
+from slimeish.train.setup import TrainSetup, check_plugins, jsonable, parse_args
+
+log = logging.getLogger("slimeish.train")
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+def run(setup: TrainSetup) -> None:
+    """Run a whole training run: check the plugins, start the stack (buffer, engines, router; or
+    use the ones given by URL), train, and stop every process it started (also on Ctrl-C)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
+    if setup.data.prompt_data is None:
+        raise ValueError("a run needs prompt data (--prompt-data)")
+    check_plugins(setup)  # before any process starts: a wrong plugin fails in a second
+    setup.run.run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = setup.run.run_id or setup.run.run_dir.resolve().name
+    (setup.run.run_dir / "config.json").write_text(json.dumps(jsonable(setup), indent=2))
+    stack = Stack(
+        setup.stack, model_path=setup.trainer.model_path, run_dir=setup.run.run_dir, run_id=run_id,
+        weight_sync=setup.run.weight_sync,
+    )  # fmt: skip
+    with stack:
+        try:
+            asyncio.run(train(setup, stack, run_id))
+        except KeyboardInterrupt:
+            log.warning("interrupted: stopping every child process")
+
+
+async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
+    run, n_groups = setup.run, setup.rollout.rollout_batch_size
+    async with started(setup, stack, run_id) as p:
+        unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved
+        progress = tqdm(range(p.start, run.num_rollout), initial=p.start, total=run.num_rollout, desc="rollout")
+        for step in progress:
+            metrics: dict[str, Any] = {}
+            if run.eval_interval and (step == p.start or step % run.eval_interval == 0):
+                metrics |= await evaluate(p.rollout_fn, p.args, p.eval_data, step)
+            with timed(metrics, "time/rollout"):
+                taken = await collect_groups(p.buffer, p.producer, n_groups, p.trainer.weight_version, run.mode)
+            metrics |= {f"buffer/{name}": float(n) for name, n in taken.counters().items()}
+            metrics |= await train_and_sync(p, taken.groups)
+            step_s = metrics["time/rollout"] + metrics["time/train"] + metrics["time/sync"]
+            metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens", 0.0) / step_s
+            unacked += p.ledger.record(step, taken.groups)
+            if step + 1 == run.num_rollout or (run.save_interval and (step + 1) % run.save_interval == 0):
+                await asyncio.to_thread(save, p.trainer, p.data, run.checkpoints, step + 1, unacked)
+                await p.buffer.ack(unacked)  # a crash before the save re-delivers them
+                unacked = []
+            progress.write(p.logger.log(step, metrics))
+        if run.eval_interval:
+            final = await evaluate(p.rollout_fn, p.args, p.eval_data, run.num_rollout)
+            progress.write(p.logger.log(run.num_rollout, final))
+
+
+async def train_and_sync(p: Parts, groups: list[Group]) -> dict[str, Any]:
+    """One training step on `groups`, then the new weights to the engines; the step's metrics."""
+    samples = [s for g in groups for s in g.samples]
+    metrics: dict[str, Any] = batch_metrics(samples, p.trainer.weight_version)
+    with timed(metrics, "time/train"):
+        metrics |= prefixed("train", await asyncio.to_thread(p.trainer.train_step, samples))
+    with timed(metrics, "time/sync"):
+        metrics |= prefixed("time/sync", await asyncio.to_thread(p.sync.sync, p.trainer))
+    metrics |= p.producer.metrics | await asyncio.to_thread(p.router_counters.delta)
+    return metrics

@@ -1,0 +1,122 @@
+"""The parts one run's loop drives, started in order and stopped in reverse: the trainer
+(resumed from a checkpoint when asked), weight sync, the buffer client, the rollout producer, and
+the run's records (metrics, the exactly-once ledger)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from slimeish.buffer import Buffer
+from slimeish.data import DataSource, read_prompts
+from slimeish.rollout import load_rollout_function
+from slimeish.train.checkpoint import resume
+from slimeish.train.launch import Stack
+from slimeish.train.ledger import TrainedGroups
+from slimeish.train.metrics import MetricsLogger, RouterCounters
+from slimeish.train.producer import RolloutProducer
+from slimeish.train.setup import RunConfig, TrainSetup, plugin_args
+
+if TYPE_CHECKING:  # torch and megatron load only once a run starts
+    from slimeish.trainer.trainer import Trainer
+    from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
+
+log = logging.getLogger("slimeish.train")
+
+
+@dataclass
+class Parts:
+    start: int  # the first step to run: 0, or the resumed checkpoint's
+    trainer: Trainer
+    sync: WeightSync
+    buffer: Buffer
+    producer: RolloutProducer
+    data: DataSource
+    eval_data: DataSource | None
+    rollout_fn: Callable[..., Any]
+    args: argparse.Namespace
+    logger: MetricsLogger
+    router_counters: RouterCounters
+    ledger: TrainedGroups
+
+
+@contextlib.asynccontextmanager
+async def started(setup: TrainSetup, stack: Stack, run_id: str) -> AsyncIterator[Parts]:
+    from slimeish.trainer.trainer import Trainer
+    from slimeish.trainer.weight_sync import WeightSync
+
+    run = setup.run
+    args = plugin_args(setup, stack.router_url, stack.admin_token)
+    rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
+    data, eval_data = train_source(setup), eval_source(setup)
+    trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
+    start, saved = await asyncio.to_thread(resume, trainer, data, run.load)
+    logger = MetricsLogger(run.run_dir, keep_before=start)
+    router_counters = await asyncio.to_thread(RouterCounters, stack.router_url)
+    ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
+    with WeightSync(sync_config(run, stack)) as sync, contextlib.closing(logger):
+        # Before any rollout the engines serve the trainer's version: a resumed run's, or a fresh
+        # one's where long-lived engines still serve an earlier run's (whose higher version would make
+        # every token look stale). Engines started from --model-path already do, and a sync on disk
+        # or NCCL would export the whole model for nothing.
+        if not await asyncio.to_thread(sync.serves, trainer.weight_version):
+            await asyncio.to_thread(sync.sync, trainer)
+        async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
+            await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
+            if start:  # groups the killed run was still generating are finished, not lost
+                await buffer.note_resume(trainer.weight_version)
+                recovered = await buffer.recover_open_groups()
+                log.info("resume: %d open groups queued to finish their missing members", len(recovered))
+            producer = RolloutProducer(rollout_fn, args, data, buffer)
+            if run.mode == "async":
+                producer.start(max_groups=async_window(setup))
+            parts = Parts(start, trainer, sync, buffer, producer, data, eval_data, rollout_fn, args, logger,
+                          router_counters, ledger)  # fmt: skip
+            try:
+                yield parts
+            finally:
+                await producer.stop()
+                logger.plot_rewards()
+
+
+def async_window(setup: TrainSetup) -> int:
+    """Async mode's most groups generated but not yet trained. By default twice the groups one
+    staleness window trains: with heavy-tailed episodes, 1x leaves about half the episode slots
+    idle behind slow members (docs/benchmarks.md)."""
+    staleness = setup.buffer.max_staleness or 0
+    return setup.run.async_groups or 2 * (staleness + 1) * setup.rollout.rollout_batch_size
+
+
+def train_source(setup: TrainSetup) -> DataSource:
+    assert setup.data.prompt_data is not None, "checked before the run starts"
+    return DataSource(
+        read_prompts(setup.data.prompt_data, setup.data),
+        setup.rollout.n_samples_per_prompt,
+        shuffle=setup.data.shuffle,
+        seed=setup.data.shuffle_seed,
+        state_path=setup.run.run_dir / "data_state.json",
+    )
+
+
+def eval_source(setup: TrainSetup) -> DataSource | None:
+    if setup.data.eval_prompt_data is None:
+        return None
+    prompts = read_prompts(setup.data.eval_prompt_data, setup.data)
+    return DataSource(prompts, setup.rollout.n_samples_per_eval_prompt, shuffle=False)
+
+
+def sync_config(run: RunConfig, stack: Stack) -> WeightSyncConfig:
+    from slimeish.trainer.weight_sync import WeightSyncConfig
+
+    # The export dir is absolute: engines started elsewhere resolve paths from their own cwd.
+    disk_dir = (run.run_dir / "weights").resolve()
+    if run.weight_sync == "distributed":  # NCCL groups are per engine: the router cannot fan them out
+        return WeightSyncConfig(engine_urls=stack.engine_urls, method="distributed", disk_dir=disk_dir)
+    return WeightSyncConfig(
+        router_url=stack.router_url, admin_token=stack.admin_token, method=run.weight_sync, disk_dir=disk_dir
+    )

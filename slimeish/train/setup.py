@@ -1,0 +1,211 @@
+"""What a run is made of: the typed configs, `slimeish train`'s flags for them, and the `args`
+namespace rollout plugins receive.
+
+Each part owns its config dataclass; `TrainSetup` holds one of each, plus the config the rollout
+function declares for itself (docs/rollout.md), so the flags a plugin reads appear only when that
+plugin is the one that runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from slimeish.buffer import BufferConfig
+from slimeish.common.config import add_dataclass_args, from_namespace, help_field, load_yaml
+from slimeish.data import DataConfig
+from slimeish.rollout import (
+    RolloutConfig,
+    check_rollout_config,
+    load_generate_function,
+    load_reward_function,
+    load_rollout_function,
+    rollout_config_type,
+)
+from slimeish.train.launch import StackConfig
+from slimeish.trainer.config import LossConfig, TrainerConfig
+
+DESCRIPTION = "`slimeish train`: start the parts, then generate → train → sync weights, in one loop."
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    run_dir: Path = help_field(Path("runs/latest"), help="directory for logs, checkpoints, metrics and the buffer")
+    run_id: str | None = help_field(None, help="buffer namespace of this run (default: the run dir's name)")
+    mode: Literal["sync", "async"] = help_field("sync", help="sync: generate, then train; async: both at once")
+    num_rollout: int = help_field(10, help="rollout steps (one training step each)")
+    eval_interval: int | None = help_field(None, help="evaluate on --eval-prompt-data every N steps (and first/last)")
+    save_interval: int | None = help_field(None, help="save a checkpoint every N steps (and at the end)")
+    load: Path | None = help_field(None, help="resume from this checkpoint directory (a run's checkpoints/latest)")
+    async_groups: int | None = help_field(
+        None,
+        help="async mode: most groups generated but not yet trained (default: 2 x (max_staleness + 1) x "
+        "rollout_batch_size); --rollout-concurrency still bounds the episodes, and the slack keeps episode "
+        "slots busy with other groups while a group's slowest member runs",
+    )
+    weight_sync: Literal["tensor", "disk", "distributed"] = help_field(
+        "tensor",
+        help="tensor: same-host shared-memory update (embedded engines); disk: export an HF checkpoint the "
+        "engines load (SGLang: a shared filesystem); distributed: NCCL broadcast to SGLang engines (GPU)",
+    )
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+# Flag group title -> config type, in --help order; the name is also the TrainSetup attribute.
+CONFIGS: dict[str, type[Any]] = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "buffer": BufferConfig,
+    "stack": StackConfig,
+    "trainer": TrainerConfig,
+    "loss": LossConfig,
+}
+
+
+@dataclass(kw_only=True)
+class TrainSetup:
+    """Everything `slimeish.train.run` needs. `plugin` is an instance of the config dataclass the
+    rollout function's module declares (`ROLLOUT_CONFIG`), or None where it declares none."""
+
+    trainer: TrainerConfig
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
+    stack: StackConfig = dataclasses.field(default_factory=StackConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    plugin: Any = None
+
+    def configs(self) -> dict[str, Any]:
+        """Each config by its group name (the plugin's last, when there is one)."""
+        named = {name: getattr(self, name) for name in CONFIGS}
+        return named if self.plugin is None else named | {"plugin": self.plugin}
+
+    def values(self) -> dict[str, Any]:
+        """Every option by its flag name (underscores): the names are unique across the configs."""
+        return {k: v for cfg in self.configs().values() for k, v in fields_of(cfg).items()}
+
+
+def parse_args(argv: list[str] | None, base: TrainSetup | None = None) -> TrainSetup:
+    """`slimeish train`'s flags -> `TrainSetup`. Values come from the flags, then the `--config`
+    YAML, then `base` (a program's own preset), then the defaults.
+
+    The rollout function is loaded first (from a pre-parse of `--rollout-function-path` and
+    `--config`), so the flags its module declares are parsed and shown under its name."""
+    defaults = base.values() if base is not None else {}
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    pre.add_argument("--rollout-function-path")
+    known, _ = pre.parse_known_args(argv)
+    yaml_values = load_yaml(known.config) if known.config else {}
+    rollout_path = known.rollout_function_path or yaml_values.get("rollout_function_path")
+    rollout_path = rollout_path or defaults.get("rollout_function_path") or RolloutConfig().rollout_function_path
+    plugin_type = rollout_config_type(rollout_path)
+
+    parser = argparse.ArgumentParser(prog="slimeish train", description=DESCRIPTION)
+    parser.add_argument("--config", type=Path, help="YAML file with any of the options below (flags win)")
+    for name, cls in CONFIGS.items():
+        add_dataclass_args(parser, cls, name)
+    if plugin_type is not None:
+        _check_no_clash(plugin_type, rollout_path)
+        add_dataclass_args(parser, plugin_type, plugin_title(rollout_path))
+    ns = parser.parse_args(argv)
+    values = defaults | yaml_values
+    known_names = {f.name for cls in [*CONFIGS.values(), plugin_type] if cls for f in dataclasses.fields(cls)}
+    if unknown := set(yaml_values) - known_names:
+        parser.error(f"{ns.config}: unknown option(s) {', '.join(sorted(unknown))}")
+    try:
+        configs = {name: from_namespace(cls, ns, values) for name, cls in CONFIGS.items()}
+        plugin = from_namespace(plugin_type, ns, values) if plugin_type is not None else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    setup = TrainSetup(**configs, plugin=plugin)
+    if setup.data.prompt_data is None:  # checked here, before any process is started
+        parser.error("--prompt-data is required")
+    return setup
+
+
+def plugin_title(rollout_path: str) -> str:
+    """The --help group of the flags a rollout function's module declares."""
+    return f"{rollout_path.replace(':', '.').rpartition('.')[0]} (rollout function options)"
+
+
+def _check_no_clash(plugin_type: type[Any], rollout_path: str) -> None:
+    core = {f.name for cls in CONFIGS.values() for f in dataclasses.fields(cls)}
+    if clash := core & {f.name for f in dataclasses.fields(plugin_type)}:
+        raise ValueError(f"the config of {rollout_path} redefines slimeish train options: {', '.join(sorted(clash))}")
+
+
+def check_plugins(setup: TrainSetup) -> None:
+    """Import every configured hook and check its signature (errors state the expected one), then
+    run the rollout function's own check of its config."""
+    cfg = setup.rollout
+    load_rollout_function(cfg.rollout_function_path)
+    if cfg.custom_generate_function_path:
+        load_generate_function(cfg.custom_generate_function_path)
+    if cfg.custom_rm_path:
+        load_reward_function(cfg.custom_rm_path)
+    if setup.plugin is not None:
+        check_rollout_config(setup.plugin)
+
+
+def plugin_args(setup: TrainSetup, router_url: str, admin_token: str) -> argparse.Namespace:
+    """The `args` rollout plugins receive: every option under slime's names (the rollout
+    function's own included), plus where the router is. A copy per run: plugins may read it
+    freely; changes do not reach the configs."""
+    host, _, port = router_url.removeprefix("http://").partition(":")
+    where = {
+        "hf_checkpoint": str(setup.trainer.model_path),
+        "router_url": router_url,
+        "admin_token": admin_token,  # the running router's (--admin-token may be unset)
+        "sglang_router_ip": host,
+        "sglang_router_port": int(port),
+    }
+    return argparse.Namespace(**setup.values() | where)
+
+
+def command_line(setup: TrainSetup) -> list[str]:
+    """The `slimeish train` flags that rebuild `setup`: every option that differs from its default,
+    so a program that builds a setup can print the command it runs."""
+    argv = ["--rollout-function-path", setup.rollout.rollout_function_path]
+    for cfg in setup.configs().values():
+        for f in dataclasses.fields(cfg):
+            value = getattr(cfg, f.name)
+            if f.name == "rollout_function_path" or value == _default(f):
+                continue
+            argv += _flag_args(f.name, value)
+    return argv
+
+
+def jsonable(setup: TrainSetup) -> dict[str, Any]:
+    """The setup as `config.json` records it."""
+    return {
+        name: {k: str(v) if isinstance(v, Path) else v for k, v in fields_of(cfg).items()}
+        for name, cfg in setup.configs().items()
+    }
+
+
+def fields_of(cfg: Any) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _flag_args(name: str, value: Any) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + name.replace("_", "-")]
+    if isinstance(value, list):
+        return [flag, *map(str, value)] if value else []
+    return [flag, str(value)]
