@@ -18,6 +18,7 @@ from slimeish.buffer.errors import (
     UnknownSessionError,
 )
 from slimeish.buffer.records import Group, RegenerateRequest, SessionInfo, SessionStatus, Turn
+from slimeish.buffer.segments import build_samples
 from slimeish.buffer.server import EmbeddedServer, ServerConfig
 from slimeish.buffer.stats import BufferStats
 
@@ -38,4 +39,5 @@ __all__ = [
     "Turn",
     "UnknownGroupError",
     "UnknownSessionError",
+    "build_samples",
 ]

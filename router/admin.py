@@ -10,12 +10,12 @@ from typing import Annotated, TypeVar
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
-from slimeish.buffer.records import SessionInfo
+from slimeish.buffer import SessionInfo
 from slimeish.router.api_v1 import parse, read_json
-from slimeish.router.openai_api import APIError, store_unavailable
+from slimeish.router.errors import APIError
 from slimeish.router.sessions import Closed, CreateSession, FinishSession, Session
 from slimeish.router.state import RouterState, get_state
-from slimeish.router.storage import STORE_ERRORS
+from slimeish.router.storage import STORE_ERRORS, StoreUnavailable
 
 admin = APIRouter()
 log = logging.getLogger(__name__)
@@ -63,12 +63,12 @@ def _session(state: RouterState, session_id: str) -> Session | Closed:
 
 
 async def _stored(write: Awaitable[object], what: str) -> None:
-    """Await a store write; failing to reach the store is a 503 (a refusal stays a 400/409)."""
+    """Await a store write; failing to reach the store is `StoreUnavailable` (a 503; a refusal stays a 400/409)."""
     try:
         await write
     except STORE_ERRORS as e:
         log.exception("storing %s failed", what)
-        raise store_unavailable(e, what) from e
+        raise StoreUnavailable(what, e) from e
 
 
 def _finished(session_id: str) -> APIError:

@@ -19,21 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from slimeish.buffer.errors import BufferInputError
 from slimeish.router import responses as R
 from slimeish.router.capture import Capture, TurnPlan
 from slimeish.router.engine_pool import EngineFailedMidStream
-from slimeish.router.openai_api import (
-    APIError,
-    ChatRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    SamplingFields,
-    from_buffer_error,
-    from_validation_error,
-    validate_messages,
-)
+from slimeish.router.errors import APIError, from_validation_error, known_error
 from slimeish.router.render import ChatRenderer, TemplateError
+from slimeish.router.schemas import ChatRequest, CompletionRequest, NamedToolChoice, SamplingFields, validate_messages
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState, get_state
 from slimeish.router.streaming import StreamedTurn, chat_events, completion_events, sse
@@ -202,8 +193,10 @@ async def _recorded(
     if session is not None:  # before the finish reasons, so the agent's next turn sees this one
         try:
             await state.runner.record(session, plan, result.generations, result.answers, started)
-        except (APIError, BufferInputError) as e:
-            yield sse((e if isinstance(e, APIError) else from_buffer_error(e)).body())
+        except Exception as e:  # a refusal, or the store unreachable, is told in the stream
+            if (error := known_error(e)) is None:
+                raise
+            yield sse(error.body())
             return
     for event in result.closing:
         yield event

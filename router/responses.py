@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from slimeish.router.openai_api import APIError
 from slimeish.router.render import ChatRenderer
 from slimeish.router.turns import Generation
 
@@ -18,11 +17,6 @@ _FINISH = {"stop": "stop", "length": "length"}
 
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status, media_type="application/json")
-
-
-def error_response(e: APIError) -> Response:
-    """The error in OpenAI's shape, with its status."""
-    return json_response(e.body(), e.status)
 
 
 def new_id(prefix: str) -> str:

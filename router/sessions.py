@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from slimeish.router.capture import Capture
-from slimeish.router.openai_api import TopK
 from slimeish.router.render import ChatRenderer
+from slimeish.router.schemas import TopK
 
 FinishStatus = Literal["completed", "truncated", "aborted", "failed"]
 

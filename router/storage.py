@@ -12,13 +12,19 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from slimeish.buffer.client import Buffer
-from slimeish.buffer.records import SessionInfo, Turn
-from slimeish.buffer.segments import build_samples
+from slimeish.buffer import Buffer, SessionInfo, Turn, build_samples
 from slimeish.common.sample import Sample
 
 # Failures to reach the store (not refusals of the input): the write may be retried.
 STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not be reached (e.g. Redis is down): nothing changed, the write may be retried."""
+
+    def __init__(self, what: str, cause: BaseException):
+        super().__init__(f"{what} could not be stored ({type(cause).__name__}); nothing changed: retry")
+        self.what = what
 
 
 class TurnStore(Protocol):

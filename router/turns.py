@@ -14,14 +14,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from slimeish.buffer.records import Turn
+from slimeish.buffer import SessionFinishedError, Turn
 from slimeish.router.capture import TurnPlan
 from slimeish.router.engine_pool import EnginePool
 from slimeish.router.history import PARALLEL_CHOICE
 from slimeish.router.metrics import RouterMetrics
-from slimeish.router.openai_api import APIError, store_unavailable
 from slimeish.router.sessions import Session
-from slimeish.router.storage import STORE_ERRORS, TurnStore
+from slimeish.router.storage import STORE_ERRORS, StoreUnavailable, TurnStore
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +106,12 @@ class TurnRunner:
 
         `answers[i]` is what choice i returned to the agent: the assistant message (chat), the
         completion text (completions) or None (token-in). A failed store write rolls the capture
-        back, so the session stays as it was before that choice (a 503 for the client)."""
+        back, so the session stays as it was before that choice (`StoreUnavailable`)."""
         async with session.write_lock:
             if session.finished is not None:  # the finish stopped waiting for this turn
-                raise APIError(
-                    409,
-                    f"session {session.session_id} was finished while this turn was generating; it is not recorded",
-                    code="session_finished",
+                # The refusal the buffer itself would give: appending to a finished session.
+                raise SessionFinishedError(
+                    f"session {session.session_id} was finished while this turn was generating; it is not recorded"
                 )
             for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
                 saved = [copy.copy(seg) for seg in session.capture.segments]  # commit reassigns, never mutates
@@ -145,7 +143,7 @@ class TurnRunner:
                     if not isinstance(e, STORE_ERRORS):
                         raise  # a refusal (BufferInputError: 400/409) or a bug (500)
                     log.exception("storing turn %d of %s failed", turn.turn_index, session.session_id)
-                    raise store_unavailable(e, "the turn") from e
+                    raise StoreUnavailable("the turn", e) from e
                 session.turns += 1
                 if committed.new_segment:
                     self.metrics.segments.labels(committed.split_reason or "first").inc()
