@@ -163,7 +163,7 @@ def test_weight_update_fans_out_and_versions_reach_the_record(router_app, sessio
 
     try:
         reply = update("7")
-        assert reply["ok"] and [e["weight_version"] for e in reply["engines"]] == ["7"]
+        assert reply["ok"] and [e["weight_version"] for e in reply["engines"]] == [7]
         httpx.post(session["base_url"] + "/chat/completions", json=GOOD).raise_for_status()
         assert router_app.store.turns[session["session_id"]][-1].weight_versions == [7]
     finally:
