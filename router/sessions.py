@@ -7,15 +7,24 @@ import contextlib
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
+from slimeish.common.sample import Status
 from slimeish.router.capture import Capture
 from slimeish.router.render import ChatRenderer
 from slimeish.router.schemas import TopK
 
-FinishStatus = Literal["completed", "truncated", "aborted", "failed"]
+_FINISHES = [s for s in Status if s is not Status.PENDING]  # PENDING is an open session, not an end
+
+
+def _finish_status(value: Any) -> Any:
+    if value not in _FINISHES:  # the error a Literal of the values would give
+        expected = ", ".join(repr(s.value) for s in _FINISHES[:-1]) + f" or {_FINISHES[-1].value!r}"
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return value
 
 
 class SamplingDefaults(BaseModel):
@@ -43,7 +52,7 @@ class CreateSession(BaseModel):
 
 class FinishSession(BaseModel):
     reward: float | None = None
-    status: FinishStatus = "completed"
+    status: Annotated[Status, BeforeValidator(_finish_status)] = Status.COMPLETED
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 
 from slimeish.buffer import Buffer, SessionInfo, Turn, build_samples
-from slimeish.common.sample import Sample
+from slimeish.common.sample import Sample, Status
 
 # Failures to reach the store (not refusals of the input): the write may be retried.
 STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
@@ -31,7 +31,7 @@ class TurnStore(Protocol):
     async def open_session(self, info: SessionInfo) -> None: ...
     async def append_turn(self, turn: Turn) -> None: ...
     async def finish_session(
-        self, session_id: str, reward: float | None, status: str, metadata: dict[str, Any]
+        self, session_id: str, reward: float | None, status: Status, metadata: dict[str, Any]
     ) -> None: ...
     async def close(self) -> None: ...
 
@@ -54,7 +54,7 @@ class BufferStore:
     async def append_turn(self, turn: Turn) -> None:
         await self.buffer.append_turn(turn)
 
-    async def finish_session(self, session_id: str, reward: float | None, status: str, metadata: dict) -> None:
+    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
         await self.buffer.finish_session(session_id, reward, status, metadata)
 
     async def close(self) -> None:
@@ -67,7 +67,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self.sessions: dict[str, SessionInfo] = {}
         self.turns: dict[str, list[Turn]] = {}
-        self.finished: dict[str, tuple[float | None, str, dict[str, Any]]] = {}
+        self.finished: dict[str, tuple[float | None, Status, dict[str, Any]]] = {}
 
     async def open_session(self, info: SessionInfo) -> None:
         self.sessions[info.session_id] = info
@@ -77,7 +77,7 @@ class MemoryStore:
         turn.validate()
         self.turns[turn.session_id].append(turn)
 
-    async def finish_session(self, session_id: str, reward: float | None, status: str, metadata: dict) -> None:
+    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
         self.finished[session_id] = (reward, status, metadata)
 
     async def close(self) -> None:
@@ -86,7 +86,7 @@ class MemoryStore:
     def samples(self, session_id: str) -> list[Sample]:
         """The samples the buffer would build (log-probs stored as float32, as there)."""
         info = self.sessions[session_id]
-        reward, status, metadata = self.finished.get(session_id, (None, "completed", {}))
+        reward, status, metadata = self.finished.get(session_id, (None, Status.COMPLETED, {}))
         packed = build_samples(
             [t.pack() for t in self.turns[session_id]],
             status=status,

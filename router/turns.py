@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimeish.buffer import SessionFinishedError, Turn
+from slimeish.common.finish import finish_type
 from slimeish.router.capture import TurnPlan
 from slimeish.router.engine_pool import EnginePool
 from slimeish.router.history import PARALLEL_CHOICE
@@ -50,12 +51,11 @@ def parse_generation(item: dict[str, Any], engine: str) -> Generation:
     ids = list(item.get("output_ids") or [e[1] for e in entries])
     if [e[1] for e in entries] != ids:
         raise RuntimeError(f"engine {engine} returned log-probs that do not match its output_ids")
-    finish = meta.get("finish_reason") or {"type": "length"}
     return Generation(
         output_ids=ids,
         logprobs=[float(e[0]) for e in entries],
         text=item.get("text", ""),
-        finish_type=finish.get("type", "length"),
+        finish_type=finish_type(meta) or "length",  # no finish_reason: counted as cut off, never as a clean stop
         weight_versions=_weight_versions(meta),
         engine=engine,
         raw=item,
