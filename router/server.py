@@ -31,7 +31,7 @@ from slimeish.router.turns import TurnRunner
 
 async def open_store(config: RouterConfig) -> TurnStore:
     if config.buffer_url is None:
-        return MemoryStore()
+        return MemoryStore(config.keep_finished)
     from slimeish.router.storage import BufferStore
 
     return await BufferStore.connect(config.buffer_url, config.run_id)

@@ -8,6 +8,7 @@ samples with the buffer's own segment rules.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -62,12 +63,15 @@ class BufferStore:
 
 
 class MemoryStore:
-    """Records kept in this process; `samples(session_id)` builds what the buffer would."""
+    """Records kept in this process; `samples(session_id)` builds what the buffer would. Like the
+    router's finished-session summaries, only the most recent `keep_finished` finished sessions
+    are kept (older ones are forgotten whole); open sessions always are."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_finished: int = 10_000) -> None:
+        self.keep_finished = keep_finished
         self.sessions: dict[str, SessionInfo] = {}
         self.turns: dict[str, list[Turn]] = {}
-        self.finished: dict[str, tuple[float | None, Status, dict[str, Any]]] = {}
+        self.finished: OrderedDict[str, tuple[float | None, Status, dict[str, Any]]] = OrderedDict()
 
     async def open_session(self, info: SessionInfo) -> None:
         self.sessions[info.session_id] = info
@@ -79,6 +83,10 @@ class MemoryStore:
 
     async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
         self.finished[session_id] = (reward, status, metadata)
+        while len(self.finished) > self.keep_finished:
+            old, _ = self.finished.popitem(last=False)
+            self.sessions.pop(old, None)
+            self.turns.pop(old, None)
 
     async def close(self) -> None:
         pass
