@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from slimeish.buffer import SessionInfo
-from slimeish.router.api_v1 import parse, read_json
+from slimeish.router.api_v1 import bearer_token, parse, read_json
 from slimeish.router.errors import APIError
 from slimeish.router.sessions import Closed, CreateSession, FinishSession, Session
 from slimeish.router.state import RouterState, get_state
@@ -21,14 +21,9 @@ admin = APIRouter()
 log = logging.getLogger(__name__)
 
 
-def _bearer(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
-    return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-
-
 def require_admin(state: RouterState, request: Request) -> None:
     token = state.config.admin_token
-    if token and not hmac.compare_digest(_bearer(request).encode(), token.encode()):
+    if token and not hmac.compare_digest(bearer_token(request).encode(), token.encode()):
         raise APIError(401, "admin token required", type="authentication_error", code="invalid_admin_token")
 
 
@@ -108,7 +103,7 @@ async def finish_session(request: Request, session_id: str) -> dict:
     """Seal an episode; allowed with the admin token or the session's own key."""
     state = get_state(request)
     session = _session(state, session_id)
-    if not hmac.compare_digest(_bearer(request).encode(), session.api_key.encode()):
+    if not hmac.compare_digest(bearer_token(request).encode(), session.api_key.encode()):
         require_admin(state, request)
     req: FinishSession = parse(FinishSession, await read_json(request))
     if isinstance(session, Closed) or session.closed:  # checked and set with no await in between

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
 import aiohttp
@@ -188,7 +188,7 @@ class EnginePool:
             self.release(old)
             self.engines[new].sessions += 1
 
-    def pick(self, sticky: str | None, exclude: set[str] = frozenset()) -> Engine:
+    def pick(self, sticky: str | None, exclude: Collection[str] = frozenset()) -> Engine:
         """The session's engine if it is healthy, else the least-loaded healthy engine."""
         engine = self.engines.get(sticky) if sticky else None
         if engine is not None and engine.healthy and engine.url not in exclude:
@@ -210,7 +210,7 @@ class EnginePool:
         async for chunk in self._send(orjson.dumps({**payload, "stream": True}), sticky, _chunks):
             yield chunk
 
-    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncIterator[tuple[dict, Engine]]:
+    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncGenerator[tuple[dict, Engine], None]:
         """The retry loop of both: POST `body` to /generate and yield what `read` makes of the
         answer. Until the first item is out, an engine that was not reached is given up for the
         next one; after it, a failure ends the request (the client already has output)."""

@@ -33,10 +33,12 @@ class SamplingDefaults(BaseModel):
     unlike OpenAI's 2: the engine takes any, and so does the token-in rollout."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: TopK | None = None
-    max_new_tokens: int | None = Field(None, ge=1)  # a turn's budget when it sets no max_tokens (capped by the context)
+    max_new_tokens: int | None = Field(
+        default=None, ge=1
+    )  # a turn's budget when it sets no max_tokens (capped by the context)
     stop: list[str] | None = None
 
 
@@ -167,6 +169,10 @@ class SessionRegistry:
 
     def by_api_key(self, key: str) -> Session | None:
         return self.by_key.get(key)
+
+    def knows(self, key: str) -> bool:
+        """Whether `key` is (or was, as far as the kept summaries go) a session's key."""
+        return key in self.by_key or key in self.closed_by_key
 
     def close(self, session: Session) -> None:
         """Drop a sealed session from the open maps, keeping its summary in the bounded LRU."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,12 @@ class TurnRunner:
         session.engine = url
 
     async def record(
-        self, session: Session, plan: TurnPlan, gens: list[Generation], answers: list[dict | str | None], started: float
+        self,
+        session: Session,
+        plan: TurnPlan,
+        gens: list[Generation],
+        answers: Sequence[dict | str | None],
+        started: float,
     ) -> None:
         """Write each choice's turn to the store, then commit it to the capture, in order.
 
