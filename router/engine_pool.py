@@ -121,7 +121,7 @@ class Engine:
         return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version", "refused")}
 
 
-async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[dict, None]:
     """A non-streamed answer, as one item; it carries the engine's current weight version."""
     content = await response.read()
     _check_status(engine, response.status, content)
@@ -132,7 +132,7 @@ async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncItera
     yield data
 
 
-async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[dict, None]:
     """A streamed answer's SGLang chunks (the `data:` lines of its server-sent events)."""
     if response.status >= 400:
         _check_status(engine, response.status, await response.read())
@@ -143,7 +143,7 @@ async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncIter
 
 
 # How `EnginePool._send` reads an engine's answer.
-Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncIterator[dict]]
+Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[dict, None]]
 
 
 class EnginePool:
@@ -201,16 +201,16 @@ class EnginePool:
     async def generate(self, payload: dict, sticky: str | None) -> tuple[dict, Engine]:
         """POST /generate, retried on another engine only when one cannot be reached (see
         `_not_reached`)."""
-        async with contextlib.aclosing(self._send(orjson.dumps(payload), sticky, _whole)) as answers:
-            return await anext(answers)
+        # `_whole` yields one answer; running `_send` to its end releases the engine right there.
+        [answer] = [a async for a in self._send(orjson.dumps(payload), sticky, _whole)]
+        return answer
 
-    async def stream(self, payload: dict, sticky: str | None) -> AsyncIterator[tuple[dict, Engine]]:
+    def stream(self, payload: dict, sticky: str | None) -> AsyncIterator[tuple[dict, Engine]]:
         """POST /generate with `stream: true`, yielding SGLang chunks; an engine that cannot be
         reached is ejected and the request retried on another one."""
-        async for chunk in self._send(orjson.dumps({**payload, "stream": True}), sticky, _chunks):
-            yield chunk
+        return self._send(orjson.dumps({**payload, "stream": True}), sticky, _chunks)
 
-    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncGenerator[tuple[dict, Engine], None]:
+    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncIterator[tuple[dict, Engine]]:
         """The retry loop of both: POST `body` to /generate and yield what `read` makes of the
         answer. Until the first item is out, an engine that was not reached is given up for the
         next one; after it, a failure ends the request (the client already has output)."""
@@ -225,9 +225,10 @@ class EnginePool:
                 async with self.client.post(
                     engine.url + "/generate", data=body, headers=JSON, timeout=self._timeout
                 ) as response:
-                    async for item in read(engine, response):
-                        started = True
-                        yield item, engine
+                    async with contextlib.aclosing(read(engine, response)) as items:
+                        async for item in items:
+                            started = True
+                            yield item, engine
                     return
             except HTTP_ERRORS as e:
                 if started:
