@@ -10,25 +10,20 @@ from typing import Annotated, TypeVar
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
-from slimeish.buffer.records import SessionInfo
-from slimeish.router.api_v1 import parse, read_json
-from slimeish.router.openai_api import APIError, store_unavailable
+from slimeish.buffer import SessionInfo
+from slimeish.router.api_v1 import bearer_token, parse, read_json
+from slimeish.router.errors import APIError
 from slimeish.router.sessions import Closed, CreateSession, FinishSession, Session
 from slimeish.router.state import RouterState, get_state
-from slimeish.router.storage import STORE_ERRORS
+from slimeish.router.storage import STORE_ERRORS, StoreUnavailable
 
 admin = APIRouter()
 log = logging.getLogger(__name__)
 
 
-def _bearer(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
-    return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-
-
 def require_admin(state: RouterState, request: Request) -> None:
     token = state.config.admin_token
-    if token and not hmac.compare_digest(_bearer(request).encode(), token.encode()):
+    if token and not hmac.compare_digest(bearer_token(request).encode(), token.encode()):
         raise APIError(401, "admin token required", type="authentication_error", code="invalid_admin_token")
 
 
@@ -63,12 +58,12 @@ def _session(state: RouterState, session_id: str) -> Session | Closed:
 
 
 async def _stored(write: Awaitable[object], what: str) -> None:
-    """Await a store write; failing to reach the store is a 503 (a refusal stays a 400/409)."""
+    """Await a store write; failing to reach the store is `StoreUnavailable` (a 503; a refusal stays a 400/409)."""
     try:
         await write
     except STORE_ERRORS as e:
         log.exception("storing %s failed", what)
-        raise store_unavailable(e, what) from e
+        raise StoreUnavailable(what, e) from e
 
 
 def _finished(session_id: str) -> APIError:
@@ -108,7 +103,7 @@ async def finish_session(request: Request, session_id: str) -> dict:
     """Seal an episode; allowed with the admin token or the session's own key."""
     state = get_state(request)
     session = _session(state, session_id)
-    if not hmac.compare_digest(_bearer(request).encode(), session.api_key.encode()):
+    if not hmac.compare_digest(bearer_token(request).encode(), session.api_key.encode()):
         require_admin(state, request)
     req: FinishSession = parse(FinishSession, await read_json(request))
     if isinstance(session, Closed) or session.closed:  # checked and set with no await in between

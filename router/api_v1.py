@@ -19,21 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from slimeish.buffer.errors import BufferInputError
 from slimeish.router import responses as R
 from slimeish.router.capture import Capture, TurnPlan
 from slimeish.router.engine_pool import EngineFailedMidStream
-from slimeish.router.openai_api import (
-    APIError,
-    ChatRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    SamplingFields,
-    from_buffer_error,
-    from_validation_error,
-    validate_messages,
-)
+from slimeish.router.errors import APIError, from_validation_error, known_error
 from slimeish.router.render import ChatRenderer, TemplateError
+from slimeish.router.schemas import ChatRequest, CompletionRequest, NamedToolChoice, SamplingFields, validate_messages
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState, get_state
 from slimeish.router.streaming import StreamedTurn, chat_events, completion_events, sse
@@ -61,18 +52,27 @@ def parse(model: type[BaseModel], body: dict) -> Any:
         raise from_validation_error(e) from None
 
 
+def bearer_token(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+
+
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
     """The session owning the key (URL path or bearer), None for an allowed anonymous call."""
-    key = path_key
-    if key is None:
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    if path_key is not None:
+        return session_for_key(state, path_key)
+    key = bearer_token(request)
+    if state.config.allow_anonymous and not key.startswith(KEY_PREFIX) and not state.sessions.knows(key):
+        return None
+    return session_for_key(state, key)
+
+
+def session_for_key(state: RouterState, key: str | None) -> Session:
+    """The open session owning `key`: 401 when none does, 409 when it is finished."""
     session = state.sessions.by_api_key(key) if key else None
     if session is None and key and (closed := state.sessions.closed_by_key.get(key)):
         raise APIError(409, f"session {closed.session_id} is finished", code="session_finished")
     if session is None:
-        if path_key is None and state.config.allow_anonymous and not (key or "").startswith(KEY_PREFIX):
-            return None
         raise APIError(401, "unknown or missing session key", type="authentication_error", code="invalid_api_key")
     if session.closed:
         raise APIError(409, f"session {session.session_id} is finished", code="session_finished")
@@ -202,8 +202,10 @@ async def _recorded(
     if session is not None:  # before the finish reasons, so the agent's next turn sees this one
         try:
             await state.runner.record(session, plan, result.generations, result.answers, started)
-        except (APIError, BufferInputError) as e:
-            yield sse((e if isinstance(e, APIError) else from_buffer_error(e)).body())
+        except Exception as e:  # a refusal, or the store unreachable, is told in the stream
+            if (error := known_error(e)) is None:
+                raise
+            yield sse(error.body())
             return
     for event in result.closing:
         yield event
@@ -296,8 +298,9 @@ async def _completion(state: RouterState, turn: InFlight, body: dict, started: f
     session = turn.session
     req: CompletionRequest = parse(CompletionRequest, body)
     capture = session.capture if session else Capture(state.renderer)
-    text_prompt = isinstance(req.prompt, str)
-    plan = capture.plan_text(req.prompt) if text_prompt else capture.plan_tokens(req.prompt)
+    prompt = req.prompt
+    text_prompt = isinstance(prompt, str)
+    plan = capture.plan_text(prompt) if isinstance(prompt, str) else capture.plan_tokens(prompt)
     params = sampling_params(state, session, req, req.max_tokens, len(plan.input_ids))
     if req.stream:
         chunks = await engine_chunks(state, session, plan, params, {})
@@ -329,15 +332,16 @@ async def _no_answers(events: AsyncIterator[bytes], result: StreamedTurn) -> Asy
 async def models(request: Request, api_key: str | None = None) -> dict:
     state = get_state(request)
     if api_key is not None:
-        resolve_session(state, request, api_key)
+        session_for_key(state, api_key)
     entry = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "slimeish"}
     return {"object": "list", "data": [{**entry, "max_model_len": state.context_length}]}
 
 
-async def generate(request: Request, api_key: str) -> Response:
-    """Token-in path: an SGLang /generate body (single prompt of `input_ids`), captured."""
+async def generate(request: Request, api_key: str | None) -> Response:
+    """Token-in path: an SGLang /generate body (single prompt of `input_ids`), captured; only
+    reached with a session key in the path."""
     state, started = get_state(request), time.time()
-    session = resolve_session(state, request, api_key)
+    session = session_for_key(state, api_key)
     with in_flight(session):
         return await _generate(state, session, await read_json(request), started)
 

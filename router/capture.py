@@ -19,16 +19,22 @@ Validator = Callable[[list[dict], int], None]
 
 
 @dataclass
+class ChatState:
+    """A chat segment's conversation so far, which the next turn must extend."""
+
+    history: list[dict]  # the messages the agent sent last turn, as sent
+    reply: dict  # the assistant message the router returned for them
+    tools: list[dict] | None
+
+
+@dataclass
 class Segment:
     index: int
     split_reason: str | None
     tokens: list[int] = field(default_factory=list)
     version: int = 0  # bumped on every commit; detects two turns racing on one segment
     ended_with_eos: bool = False
-    # Chat state, kept only while the segment is a chat conversation.
-    history: list[dict] | None = None  # the messages the agent sent last turn, as sent
-    reply: dict | None = None  # the assistant message the router returned for them
-    tools: list[dict] | None = None
+    chat: ChatState | None = None  # kept only while the segment is a chat conversation
     # Completions state: the prompt text plus the completion text returned for it.
     text: str | None = None
 
@@ -79,25 +85,26 @@ class Capture:
     def _try_extend_chat(
         self, seg: Segment, messages: list[dict], tools: list[dict] | None, validate: Validator
     ) -> TurnPlan | None:
-        if seg.history is None or tools != seg.tools:
+        chat = seg.chat
+        if chat is None or tools != chat.tools:
             return None
-        k = len(seg.history)
+        k = len(chat.history)
         # Earlier messages come back exactly as the agent sent them last turn (a C-level list
         # compare); only the echoed reply is compared in canonical form.
-        if len(messages) <= k + 1 or messages[:k] != seg.history:
+        if len(messages) <= k + 1 or messages[:k] != chat.history:
             return None
         validate(messages, k)
-        if H.canonical(messages[k]) != H.canonical(seg.reply):
+        if H.canonical(messages[k]) != H.canonical(chat.reply):
             return None
         try:
-            tail = self.renderer.tail_ids(seg.reply, seg.ended_with_eos, messages[k + 1 :])
+            tail = self.renderer.tail_ids(chat.reply, seg.ended_with_eos, messages[k + 1 :])
         except TemplateError:
             ids = self.renderer.full_ids(messages, tools)
             return self._new(H.TEMPLATE_UNSTABLE, ids, messages=messages, tools=tools)
         return TurnPlan(seg.index, seg.version, None, tail, seg.tokens + tail, messages=messages, tools=tools)
 
     def _chat_split_reason(self, messages: list[dict], tools: list[dict] | None) -> str | None:
-        last = next((s for s in reversed(self.segments) if s.history is not None), None)
+        last = next((s.chat for s in reversed(self.segments) if s.chat is not None), None)
         if last is None:
             return H.NEW_CONVERSATION if self.segments else None
         if tools != last.tools:
@@ -144,8 +151,10 @@ class Capture:
         seg.tokens = plan.input_ids + output_ids
         seg.version += 1
         seg.ended_with_eos = bool(output_ids) and output_ids[-1] == self.renderer.eos_token_id
-        seg.history = plan.messages if reply is not None else None
-        seg.reply, seg.tools = reply, plan.tools
+        if reply is not None and plan.messages is not None:
+            seg.chat = ChatState(plan.messages, reply, plan.tools)
+        else:
+            seg.chat = None
         seg.text = plan.prompt_text + text if plan.prompt_text is not None and text is not None else None
         return Committed(seg.index, reason, prompt_ids, new_segment=plan.base_version is None or reason is not None)
 

@@ -18,8 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from slimeish.router.api_v1 import chat_completions, completions, generate
-from slimeish.router.openai_api import APIError, as_api_error
-from slimeish.router.responses import error_response
+from slimeish.router.errors import APIError, as_api_error, error_response
 
 TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
 import aiohttp
@@ -113,12 +113,37 @@ class Engine:
     healthy: bool = True
     inflight: int = 0
     sessions: int = 0
-    weight_version: str | None = None
+    weight_version: int | None = None
     refused: str | None = None  # why the engine is kept out of the pool until it is added again
     version_checked: bool = False
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version", "refused")}
+
+
+async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[dict, None]:
+    """A non-streamed answer, as one item; it carries the engine's current weight version."""
+    content = await response.read()
+    _check_status(engine, response.status, content)
+    data = orjson.loads(content)
+    first = data[0] if isinstance(data, list) and data else data
+    if (version := first.get("meta_info", {}).get("weight_version")) is not None:
+        engine.weight_version = int(version)  # SGLang sends it as a string
+    yield data
+
+
+async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[dict, None]:
+    """A streamed answer's SGLang chunks (the `data:` lines of its server-sent events)."""
+    if response.status >= 400:
+        _check_status(engine, response.status, await response.read())
+    async for raw in _lines(response.content):
+        line = raw.strip()
+        if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+            yield orjson.loads(line[5:])
+
+
+# How `EnginePool._send` reads an engine's answer.
+Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[dict, None]]
 
 
 class EnginePool:
@@ -163,7 +188,7 @@ class EnginePool:
             self.release(old)
             self.engines[new].sessions += 1
 
-    def pick(self, sticky: str | None, exclude: set[str] = frozenset()) -> Engine:
+    def pick(self, sticky: str | None, exclude: Collection[str] = frozenset()) -> Engine:
         """The session's engine if it is healthy, else the least-loaded healthy engine."""
         engine = self.engines.get(sticky) if sticky else None
         if engine is not None and engine.healthy and engine.url not in exclude:
@@ -176,36 +201,19 @@ class EnginePool:
     async def generate(self, payload: dict, sticky: str | None) -> tuple[dict, Engine]:
         """POST /generate, retried on another engine only when one cannot be reached (see
         `_not_reached`)."""
-        body = orjson.dumps(payload)
-        tried: list[str] = []
-        redialed: set[str] = set()
-        while len(tried) <= self.retries:
-            engine = self.pick(sticky, set(tried))
-            tried.append(engine.url)
-            engine.inflight += 1
-            try:
-                async with self.client.post(
-                    engine.url + "/generate", data=body, headers=JSON, timeout=self._timeout
-                ) as response:
-                    content = await response.read()
-            except HTTP_ERRORS as e:
-                if not _unreachable(e):
-                    raise self._failed(engine, e) from e
-                self._not_reached(engine, e, tried, redialed)
-                continue
-            finally:
-                engine.inflight -= 1
-            _check_status(engine, response.status, content)
-            data = orjson.loads(content)
-            first = data[0] if isinstance(data, list) and data else data
-            engine.weight_version = first.get("meta_info", {}).get("weight_version", engine.weight_version)
-            return data, engine
-        raise NoEngineError(f"no engine could be reached (tried {', '.join(tried)})")
+        # `_whole` yields one answer; running `_send` to its end releases the engine right there.
+        [answer] = [a async for a in self._send(orjson.dumps(payload), sticky, _whole)]
+        return answer
 
-    async def stream(self, payload: dict, sticky: str | None) -> AsyncIterator[tuple[dict, Engine]]:
+    def stream(self, payload: dict, sticky: str | None) -> AsyncIterator[tuple[dict, Engine]]:
         """POST /generate with `stream: true`, yielding SGLang chunks; an engine that cannot be
         reached is ejected and the request retried on another one."""
-        body = orjson.dumps({**payload, "stream": True})
+        return self._send(orjson.dumps({**payload, "stream": True}), sticky, _chunks)
+
+    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncIterator[tuple[dict, Engine]]:
+        """The retry loop of both: POST `body` to /generate and yield what `read` makes of the
+        answer. Until the first item is out, an engine that was not reached is given up for the
+        next one; after it, a failure ends the request (the client already has output)."""
         tried: list[str] = []
         redialed: set[str] = set()
         while len(tried) <= self.retries:
@@ -217,14 +225,10 @@ class EnginePool:
                 async with self.client.post(
                     engine.url + "/generate", data=body, headers=JSON, timeout=self._timeout
                 ) as response:
-                    if response.status >= 400:
-                        _check_status(engine, response.status, await response.read())
-                    async for raw in _lines(response.content):
-                        line = raw.strip()
-                        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                            continue
-                        started = True
-                        yield orjson.loads(line[5:]), engine
+                    async with contextlib.aclosing(read(engine, response)) as items:
+                        async for item in items:
+                            started = True
+                            yield item, engine
                     return
             except HTTP_ERRORS as e:
                 if started:
@@ -287,15 +291,13 @@ class EnginePool:
         if version is None:
             return
         try:
-            int(version)
+            engine.weight_version = int(version)  # SGLang's schema has it as a string
         except (TypeError, ValueError):
             engine.refused = (
                 f"engine {engine.url} reports weight_version {version!r}, which is not an integer; "
                 "start SGLang with --weight-version 0"
             )
             log.error("%s; it is kept out of the pool", engine.refused)
-            return
-        engine.weight_version = str(version)
 
     async def health_loop(self, interval: float) -> None:
         while True:
@@ -322,8 +324,8 @@ class EnginePool:
             result["ok"] = False  # SGLang answers 200 with success=false for some failed updates
         return result
 
-    async def weight_versions(self) -> dict[str, str | None]:
-        async def one(engine: Engine) -> str | None:
+    async def weight_versions(self) -> dict[str, int | None]:
+        async def one(engine: Engine) -> int | None:
             try:  # the same reading and integer check as on admission
                 await self._check_version(engine)
             except HTTP_ERRORS:

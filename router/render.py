@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from transformers import AutoConfig, AutoTokenizer
 
@@ -57,22 +57,24 @@ class ChatRenderer:
             return self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        # One sequence of ids decodes to one string (transformers' return type covers batches too).
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return self.decode([token_id], skip_special_tokens=False)
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
+            text = self.tokenizer.apply_chat_template(
                 [template_message(m) for m in messages],
-                tools=tools or None,
+                tools=tools or None,  # type: ignore[arg-type]  # transformers' list[dict | Callable] is invariant
                 tokenize=False,
                 add_generation_prompt=generation_prompt,
             )
         except Exception as e:  # jinja raises many types; all mean "cannot render this input"
             raise TemplateError(f"chat template failed on these messages: {e}") from e
+        return cast(str, text)  # tokenize=False: the rendered text
 
     def full_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools))
@@ -113,8 +115,8 @@ class ChatRenderer:
             )
         ids = self.encode(rendered)
         keep = 0
-        while keep < len(ids) and len(self.tokenizer.decode(ids[: keep + 1], skip_special_tokens=False)) <= end:
+        while keep < len(ids) and len(self.decode(ids[: keep + 1], skip_special_tokens=False)) <= end:
             keep += 1
-        text = self.tokenizer.decode(ids[:keep], skip_special_tokens=False)
+        text = self.decode(ids[:keep], skip_special_tokens=False)
         assert rendered.startswith(text), (rendered, text)
         return ids[:keep], text

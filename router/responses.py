@@ -9,30 +9,17 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from slimeish.router.openai_api import APIError
+from slimeish.common.finish import openai_finish_reason
 from slimeish.router.render import ChatRenderer
 from slimeish.router.turns import Generation
-
-_FINISH = {"stop": "stop", "length": "length"}
 
 
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status, media_type="application/json")
 
 
-def error_response(e: APIError) -> Response:
-    """The error in OpenAI's shape, with its status."""
-    return json_response(e.body(), e.status)
-
-
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def finish_reason(gen: Generation, message: dict | None = None) -> str:
-    if message is not None and message.get("tool_calls"):
-        return "tool_calls"
-    return _FINISH.get(gen.finish_type, "stop")
 
 
 def usage(prompt_tokens: int, gens: list[Generation]) -> dict[str, int]:
@@ -82,7 +69,7 @@ def chat_completion(
             "index": i,
             "message": message,
             "logprobs": logprobs[i] if logprobs else None,
-            "finish_reason": finish_reason(gen, message),
+            "finish_reason": openai_finish_reason(gen.finish_type, tool_calls=bool(message.get("tool_calls"))),
         }
         for i, (gen, message) in enumerate(zip(gens, messages, strict=True))
     ]
@@ -100,7 +87,12 @@ def text_completion(
     model: str, texts: list[str], gens: list[Generation], prompt_tokens: int, logprobs: list[dict] | None
 ) -> dict[str, Any]:
     choices = [
-        {"index": i, "text": text, "logprobs": logprobs[i] if logprobs else None, "finish_reason": finish_reason(gen)}
+        {
+            "index": i,
+            "text": text,
+            "logprobs": logprobs[i] if logprobs else None,
+            "finish_reason": openai_finish_reason(gen.finish_type),
+        }
         for i, (gen, text) in enumerate(zip(gens, texts, strict=True))
     ]
     return {

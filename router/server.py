@@ -12,20 +12,17 @@ from collections.abc import AsyncIterator
 import aiohttp
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from slimeish.buffer.errors import BufferInputError
 from slimeish.common.config import add_dataclass_args, from_namespace
 from slimeish.router.admin import admin
 from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
 from slimeish.router.dispatch import RouterApp
-from slimeish.router.engine_pool import EngineError, EnginePool, EngineRejected, NoEngineError, engine_client
+from slimeish.router.engine_pool import EnginePool, engine_client
+from slimeish.router.errors import install_error_handlers
 from slimeish.router.metrics import RouterMetrics
-from slimeish.router.openai_api import APIError, as_api_error
 from slimeish.router.render import ChatRenderer
-from slimeish.router.responses import error_response
 from slimeish.router.sessions import SessionRegistry
 from slimeish.router.state import RouterState, get_state
 from slimeish.router.storage import MemoryStore, TurnStore
@@ -34,7 +31,7 @@ from slimeish.router.turns import TurnRunner
 
 async def open_store(config: RouterConfig) -> TurnStore:
     if config.buffer_url is None:
-        return MemoryStore()
+        return MemoryStore(config.keep_finished)
     from slimeish.router.storage import BufferStore
 
     return await BufferStore.connect(config.buffer_url, config.run_id)
@@ -79,7 +76,7 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
     app = RouterApp(title="slimeish router", lifespan=lifespan)
     app.include_router(api)
     app.include_router(admin)
-    _install_handlers(app)
+    install_error_handlers(app)
     _install_observability(app)
     return app
 
@@ -91,19 +88,6 @@ def _freeze_startup_objects() -> None:
     then waits that long (the router's p99, docs/benchmarks.md)."""
     gc.collect()  # what is garbage now would otherwise be frozen with the rest, never freed
     gc.freeze()
-
-
-def _install_handlers(app: FastAPI) -> None:
-    async def api_error(request: Request, e: Exception) -> Response:
-        return error_response(as_api_error(e, request.method, request.url.path))
-
-    # Starlette answers an unexpected `Exception` in its outermost middleware, then re-raises it.
-    for error in (APIError, NoEngineError, EngineError, EngineRejected, BufferInputError, Exception):
-        app.add_exception_handler(error, api_error)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, e: RequestValidationError) -> Response:
-        return error_response(APIError(400, str(e.errors()[0].get("msg", e))))
 
 
 class MetricsMiddleware:

@@ -7,15 +7,24 @@ import contextlib
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
+from slimeish.common.sample import Status
 from slimeish.router.capture import Capture
-from slimeish.router.openai_api import TopK
 from slimeish.router.render import ChatRenderer
+from slimeish.router.schemas import TopK
 
-FinishStatus = Literal["completed", "truncated", "aborted", "failed"]
+_FINISHES = [s for s in Status if s is not Status.PENDING]  # PENDING is an open session, not an end
+
+
+def _finish_status(value: Any) -> Any:
+    if value not in _FINISHES:  # the error a Literal of the values would give
+        expected = ", ".join(repr(s.value) for s in _FINISHES[:-1]) + f" or {_FINISHES[-1].value!r}"
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return value
 
 
 class SamplingDefaults(BaseModel):
@@ -24,10 +33,12 @@ class SamplingDefaults(BaseModel):
     unlike OpenAI's 2: the engine takes any, and so does the token-in rollout."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: TopK | None = None
-    max_new_tokens: int | None = Field(None, ge=1)  # a turn's budget when it sets no max_tokens (capped by the context)
+    max_new_tokens: int | None = Field(
+        default=None, ge=1
+    )  # a turn's budget when it sets no max_tokens (capped by the context)
     stop: list[str] | None = None
 
 
@@ -43,7 +54,7 @@ class CreateSession(BaseModel):
 
 class FinishSession(BaseModel):
     reward: float | None = None
-    status: FinishStatus = "completed"
+    status: Annotated[Status, BeforeValidator(_finish_status)] = Status.COMPLETED
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -158,6 +169,10 @@ class SessionRegistry:
 
     def by_api_key(self, key: str) -> Session | None:
         return self.by_key.get(key)
+
+    def knows(self, key: str) -> bool:
+        """Whether `key` is (or was, as far as the kept summaries go) a session's key."""
+        return key in self.by_key or key in self.closed_by_key
 
     def close(self, session: Session) -> None:
         """Drop a sealed session from the open maps, keeping its summary in the bounded LRU."""

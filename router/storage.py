@@ -8,24 +8,31 @@ samples with the buffer's own segment rules.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from slimeish.buffer.client import Buffer
-from slimeish.buffer.records import SessionInfo, Turn
-from slimeish.buffer.segments import build_samples
-from slimeish.common.sample import Sample
+from slimeish.buffer import Buffer, SessionInfo, Turn, build_samples
+from slimeish.common.sample import Sample, Status
 
 # Failures to reach the store (not refusals of the input): the write may be retried.
 STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not be reached (e.g. Redis is down): nothing changed, the write may be retried."""
+
+    def __init__(self, what: str, cause: BaseException):
+        super().__init__(f"{what} could not be stored ({type(cause).__name__}); nothing changed: retry")
+        self.what = what
 
 
 class TurnStore(Protocol):
     async def open_session(self, info: SessionInfo) -> None: ...
     async def append_turn(self, turn: Turn) -> None: ...
     async def finish_session(
-        self, session_id: str, reward: float | None, status: str, metadata: dict[str, Any]
+        self, session_id: str, reward: float | None, status: Status, metadata: dict[str, Any]
     ) -> None: ...
     async def close(self) -> None: ...
 
@@ -48,7 +55,7 @@ class BufferStore:
     async def append_turn(self, turn: Turn) -> None:
         await self.buffer.append_turn(turn)
 
-    async def finish_session(self, session_id: str, reward: float | None, status: str, metadata: dict) -> None:
+    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
         await self.buffer.finish_session(session_id, reward, status, metadata)
 
     async def close(self) -> None:
@@ -56,12 +63,15 @@ class BufferStore:
 
 
 class MemoryStore:
-    """Records kept in this process; `samples(session_id)` builds what the buffer would."""
+    """Records kept in this process; `samples(session_id)` builds what the buffer would. Like the
+    router's finished-session summaries, only the most recent `keep_finished` finished sessions
+    are kept (older ones are forgotten whole); open sessions always are."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_finished: int = 10_000) -> None:
+        self.keep_finished = keep_finished
         self.sessions: dict[str, SessionInfo] = {}
         self.turns: dict[str, list[Turn]] = {}
-        self.finished: dict[str, tuple[float | None, str, dict[str, Any]]] = {}
+        self.finished: OrderedDict[str, tuple[float | None, Status, dict[str, Any]]] = OrderedDict()
 
     async def open_session(self, info: SessionInfo) -> None:
         self.sessions[info.session_id] = info
@@ -71,8 +81,12 @@ class MemoryStore:
         turn.validate()
         self.turns[turn.session_id].append(turn)
 
-    async def finish_session(self, session_id: str, reward: float | None, status: str, metadata: dict) -> None:
+    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
         self.finished[session_id] = (reward, status, metadata)
+        while len(self.finished) > self.keep_finished:
+            old, _ = self.finished.popitem(last=False)
+            self.sessions.pop(old, None)
+            self.turns.pop(old, None)
 
     async def close(self) -> None:
         pass
@@ -80,7 +94,7 @@ class MemoryStore:
     def samples(self, session_id: str) -> list[Sample]:
         """The samples the buffer would build (log-probs stored as float32, as there)."""
         info = self.sessions[session_id]
-        reward, status, metadata = self.finished.get(session_id, (None, "completed", {}))
+        reward, status, metadata = self.finished.get(session_id, (None, Status.COMPLETED, {}))
         packed = build_samples(
             [t.pack() for t in self.turns[session_id]],
             status=status,

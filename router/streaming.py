@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from slimeish.common.finish import openai_finish_reason
 from slimeish.router.tool_parser import TOOL_CALL_OPEN
 from slimeish.router.turns import Generation, parse_generation
 
@@ -131,7 +132,7 @@ async def chat_events(
         deltas: list[dict] = [{"content": last}] if last else []
         deltas += [{"tool_calls": [{"index": j, **c}]} for j, c in enumerate(message.get("tool_calls") or [])]
         result.closing += [sse({**head, "choices": [{"index": i, "delta": d}]}) for d in deltas]
-        finish = "tool_calls" if message.get("tool_calls") else {"length": "length"}.get(gen.finish_type, "stop")
+        finish = openai_finish_reason(gen.finish_type, tool_calls=bool(message.get("tool_calls")))
         result.closing.append(sse({**head, "choices": [{"index": i, "delta": {}, "finish_reason": finish}]}))
         result.generations.append(gen)
         result.answers.append(message)
@@ -151,7 +152,7 @@ async def completion_events(
     for i in range(n):
         gen = accs[i].generation()
         last, text = texts[i].finish(gen.text)
-        finish = {"length": "length"}.get(gen.finish_type, "stop")
+        finish = openai_finish_reason(gen.finish_type)
         choice = {"index": i, "text": last, "logprobs": None, "finish_reason": finish}
         result.closing.append(sse({**head, "choices": [choice]}))
         result.generations.append(gen)

@@ -10,18 +10,18 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slimeish.buffer.records import Turn
+from slimeish.buffer import SessionFinishedError, Turn
+from slimeish.common.finish import finish_type
 from slimeish.router.capture import TurnPlan
 from slimeish.router.engine_pool import EnginePool
 from slimeish.router.history import PARALLEL_CHOICE
 from slimeish.router.metrics import RouterMetrics
-from slimeish.router.openai_api import APIError, store_unavailable
 from slimeish.router.sessions import Session
-from slimeish.router.storage import STORE_ERRORS, TurnStore
+from slimeish.router.storage import STORE_ERRORS, StoreUnavailable, TurnStore
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,11 @@ def parse_generation(item: dict[str, Any], engine: str) -> Generation:
     ids = list(item.get("output_ids") or [e[1] for e in entries])
     if [e[1] for e in entries] != ids:
         raise RuntimeError(f"engine {engine} returned log-probs that do not match its output_ids")
-    finish = meta.get("finish_reason") or {"type": "length"}
     return Generation(
         output_ids=ids,
         logprobs=[float(e[0]) for e in entries],
         text=item.get("text", ""),
-        finish_type=finish.get("type", "length"),
+        finish_type=finish_type(meta) or "length",  # no finish_reason: counted as cut off, never as a clean stop
         weight_versions=_weight_versions(meta),
         engine=engine,
         raw=item,
@@ -101,19 +100,23 @@ class TurnRunner:
         session.engine = url
 
     async def record(
-        self, session: Session, plan: TurnPlan, gens: list[Generation], answers: list[dict | str | None], started: float
+        self,
+        session: Session,
+        plan: TurnPlan,
+        gens: list[Generation],
+        answers: Sequence[dict | str | None],
+        started: float,
     ) -> None:
         """Write each choice's turn to the store, then commit it to the capture, in order.
 
         `answers[i]` is what choice i returned to the agent: the assistant message (chat), the
         completion text (completions) or None (token-in). A failed store write rolls the capture
-        back, so the session stays as it was before that choice (a 503 for the client)."""
+        back, so the session stays as it was before that choice (`StoreUnavailable`)."""
         async with session.write_lock:
             if session.finished is not None:  # the finish stopped waiting for this turn
-                raise APIError(
-                    409,
-                    f"session {session.session_id} was finished while this turn was generating; it is not recorded",
-                    code="session_finished",
+                # The refusal the buffer itself would give: appending to a finished session.
+                raise SessionFinishedError(
+                    f"session {session.session_id} was finished while this turn was generating; it is not recorded"
                 )
             for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
                 saved = [copy.copy(seg) for seg in session.capture.segments]  # commit reassigns, never mutates
@@ -145,7 +148,7 @@ class TurnRunner:
                     if not isinstance(e, STORE_ERRORS):
                         raise  # a refusal (BufferInputError: 400/409) or a bug (500)
                     log.exception("storing turn %d of %s failed", turn.turn_index, session.session_id)
-                    raise store_unavailable(e, "the turn") from e
+                    raise StoreUnavailable("the turn", e) from e
                 session.turns += 1
                 if committed.new_segment:
                     self.metrics.segments.labels(committed.split_reason or "first").inc()

@@ -10,8 +10,8 @@ import pytest
 
 from slimeish.router import history as H
 from slimeish.router.capture import Capture
-from slimeish.router.openai_api import validate_messages
 from slimeish.router.render import ChatRenderer
+from slimeish.router.schemas import validate_messages
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 SYSTEM = {"role": "system", "content": "You add numbers."}
@@ -162,7 +162,7 @@ def test_template_unstable(tiny_model):
 
 
 def test_invalid_new_message_is_rejected_before_planning(renderer):
-    from slimeish.router.openai_api import APIError
+    from slimeish.router.errors import APIError
 
     cap, hist = episode(renderer)
     with pytest.raises(APIError, match=r"messages\.5"):

@@ -110,7 +110,7 @@ async def test_sticky_then_least_loaded(engines, pool):
 async def test_unreachable_engine_is_ejected_and_the_request_retried(engines, pool, failure):
     await engines.set("a", failure)
     data, engine = await pool.generate({"input_ids": [1]}, sticky=engines.url("a"))
-    assert engine.url != engines.url("a") and data == OK and engine.weight_version == "4"
+    assert engine.url != engines.url("a") and data == OK and engine.weight_version == 4
     assert not pool.engines[engines.url("a")].healthy
     # A dropped connection is tried once more on the same engine before it is ejected.
     assert engines.calls[-1].endswith("/generate") and len(engines.calls) == (3 if failure == "reset" else 1)

@@ -163,7 +163,7 @@ def test_weight_update_fans_out_and_versions_reach_the_record(router_app, sessio
 
     try:
         reply = update("7")
-        assert reply["ok"] and [e["weight_version"] for e in reply["engines"]] == ["7"]
+        assert reply["ok"] and [e["weight_version"] for e in reply["engines"]] == [7]
         httpx.post(session["base_url"] + "/chat/completions", json=GOOD).raise_for_status()
         assert router_app.store.turns[session["session_id"]][-1].weight_versions == [7]
     finally:
@@ -177,3 +177,29 @@ def test_token_in_sampling_params_must_be_an_object(router_app, session, bad):
     r = httpx.post(url, json={"input_ids": [1, 2, 3], "sampling_params": bad})
     assert assert_openai_error(r, 400)["param"] == "sampling_params"
     assert router_app.record(session["session_id"])["turns"] == turns
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/v1/foo"), ("GET", "/nope"), ("POST", "/v1/v1/chat/completions"), ("POST", "/s/sk-x/v1/foo")],
+)
+def test_unknown_paths_answer_in_the_api_shape(router_app, method, path):
+    error = assert_openai_error(httpx.request(method, router_app.url + path, json={}), 404, "not_found")
+    assert f"no route {method} {path}" in error["message"] and "/v1/chat/completions" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/v1/chat/completions"), ("POST", "/v1/models"), ("GET", "/sessions")]
+)
+def test_wrong_methods_answer_in_the_api_shape(router_app, method, path):
+    r = httpx.request(method, router_app.url + path, headers=router_app.admin)
+    error = assert_openai_error(r, 405, "method_not_allowed")
+    assert path in error["message"] and method in error["message"]
+
+
+def test_the_openai_sdk_reads_an_unknown_path_error(router_app, session):
+    """A base_url without `/v1` is the usual mistake: the SDK shows the router's message."""
+    client = openai.OpenAI(base_url=session["base_url"].removesuffix("/v1"), api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="t", messages=GOOD["messages"], max_tokens=2)
+    assert e.value.code == "not_found" and "/v1/chat/completions" in e.value.message

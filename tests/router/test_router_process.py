@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from slimeish.buffer.client import Buffer
-from slimeish.buffer.server import EmbeddedServer
+from slimeish.buffer import Buffer, EmbeddedServer
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from tests.router.conftest import chat_episode
 

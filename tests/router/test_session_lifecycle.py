@@ -14,7 +14,7 @@ import pytest
 import redis.exceptions
 from fastapi import FastAPI, Request, Response
 
-from slimeish.buffer.errors import BufferInputError, ConflictError
+from slimeish.buffer import BufferInputError, ConflictError
 from slimeish.router.storage import MemoryStore
 from tests.router.test_errors import GOOD, assert_openai_error
 from tests.stand_in import serve_app

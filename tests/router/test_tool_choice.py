@@ -21,8 +21,8 @@ from openai.types.chat import ChatCompletionChunk
 from slimeish.router.api_v1 import assistant_message, forced_start
 from slimeish.router.capture import Capture
 from slimeish.router.metrics import RouterMetrics
-from slimeish.router.openai_api import ChatRequest, validate_messages
 from slimeish.router.render import ChatRenderer, TemplateError
+from slimeish.router.schemas import ChatRequest, validate_messages
 from slimeish.router.streaming import StreamedTurn, chat_events
 from slimeish.router.tool_parser import parse_tool_calls
 from tests.router.test_openai_sdk import TOOLS, assert_exact_capture, client_for

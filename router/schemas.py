@@ -1,4 +1,4 @@
-"""OpenAI request schemas (validated with pydantic) and OpenAI-shaped errors.
+"""OpenAI request schemas, validated with pydantic (a 400 in OpenAI's shape when a request does not fit).
 
 Chat messages are validated one by one (`validate_messages`) instead of as a field of the
 request model, so a turn that extends the previous one validates only its new messages: the
@@ -7,70 +7,12 @@ earlier ones were validated when they were new and are compared to the stored co
 
 from __future__ import annotations
 
-import logging
 import re
-import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from slimeish.buffer.errors import BufferInputError, ConflictError, SessionFinishedError
-from slimeish.router.engine_pool import EngineError, EngineRejected, NoEngineError
-
-log = logging.getLogger(__name__)
-
-
-class APIError(Exception):
-    """An error the client sees as `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def from_buffer_error(e: BufferInputError) -> APIError:
-    """The buffer refused a write as inconsistent: 409 for a conflict with what it holds, else 400."""
-    if isinstance(e, SessionFinishedError):
-        return APIError(409, str(e), code="session_finished")
-    if isinstance(e, ConflictError):
-        return APIError(409, str(e), code="conflict")
-    return APIError(400, str(e), code="buffer_rejected")
-
-
-def as_api_error(e: Exception, method: str, path: str) -> APIError:
-    """What the client is told about any exception a request raised; an unexpected one is a 500
-    whose details stay in the log, under an id the message gives."""
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, BufferInputError):
-        return from_buffer_error(e)
-    if isinstance(e, NoEngineError):
-        return APIError(503, str(e), type="server_error", code="no_healthy_engine")
-    if isinstance(e, EngineError):
-        return APIError(e.status, str(e), type="server_error", code="engine_error")
-    if isinstance(e, EngineRejected):
-        return APIError(400, str(e), code="engine_rejected")
-    error_id = secrets.token_hex(6)
-    log.error("internal error %s on %s %s", error_id, method, path, exc_info=e)
-    message = f"internal error (id {error_id}); the router's log has the details"
-    return APIError(500, message, type="server_error", code="internal_error")
-
-
-def store_unavailable(e: Exception, what: str) -> APIError:
-    """The buffer could not be written (e.g. Redis unreachable): nothing changed, the client may retry."""
-    return APIError(
-        503, f"{what} could not be stored ({type(e).__name__}); nothing changed: retry", type="server_error",
-        code="store_unavailable",
-    )  # fmt: skip
-
-
-def from_validation_error(e: ValidationError, prefix: str = "") -> APIError:
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
-    return APIError(400, f"{loc}: {err['msg']}" if loc else err["msg"], param=loc or None)
+from slimeish.router.errors import from_validation_error
 
 
 class _Lenient(BaseModel):
