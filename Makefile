@@ -22,11 +22,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m examples.demo.run
 
-test: lint
+test: lint typecheck
 	$(PY) -m pytest -q
 
 # The tier without end-to-end runs and GPU tests: a minute or two.
-test-fast: lint
+test-fast: lint typecheck
 	$(PY) -m pytest -q -m "not slow and not gpu"
 
 lint: $(STAMP)
@@ -39,8 +39,8 @@ MAPPED := router buffer rollout_functions
 TYPES := build/typecheck
 typecheck: $(STAMP)
 	rm -rf $(TYPES) && mkdir -p $(TYPES)/slimeish
-	ln -s $(foreach f,$(wildcard slimeish/*),$(CURDIR)/$(f)) $(TYPES)/slimeish/
-	$(foreach d,$(MAPPED),ln -s $(CURDIR)/$(d) $(TYPES)/slimeish/$(d) &&) true
+	@ln -s $(foreach f,$(wildcard slimeish/*),$(CURDIR)/$(f)) $(TYPES)/slimeish/
+	@$(foreach d,$(MAPPED),ln -s $(CURDIR)/$(d) $(TYPES)/slimeish/$(d) &&) true
 	cd $(TYPES) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache -p slimeish
 
 format: $(STAMP)

@@ -17,13 +17,16 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 from slimeish.common.sample import Sample
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 T = TypeVar("T")  # an item of a prompt set, turned into a JSONL record
-C = TypeVar("C")  # a data command's config dataclass
+C = TypeVar("C", bound="DataclassInstance")  # a data command's config dataclass
 
 
 @dataclass(kw_only=True)

@@ -13,11 +13,14 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def help_field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:
@@ -37,6 +40,14 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -50,11 +61,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, title: str | 
             continue
         tp, _ = _unwrap_optional(hints[f.name])
         help_ = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
-        if required:
+        default = None if _required(f) else _default(f)
+        if _required(f):
             help_ = f"{help_} (required)"
         elif "default" not in help_:  # the help already explains its default
             help_ = f"{help_} (default: {default})"
@@ -77,16 +85,9 @@ def from_namespace(cls: type[T], ns: argparse.Namespace | dict[str, Any], base: 
     """Build `cls` from parsed flags; values not given on the CLI come from `base` (e.g. YAML)."""
     values = dict(base or {})
     given = vars(ns) if isinstance(ns, argparse.Namespace) else ns
-    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     values.update({k: v for k, v in given.items() if k in names and v is not None})
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.init
-        and f.name not in values  # type: ignore[arg-type]
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]  # type: ignore[misc]
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in values and _required(f)]
     if missing:
         raise ValueError(f"missing required option(s): {', '.join(_flag(m) for m in missing)}")
     return cls(**{k: v for k, v in values.items() if k in names})

@@ -1,4 +1,5 @@
-"""Several engines: an smg router as one engine URL, and an engine killed mid-episode."""
+"""Several engines: an smg router as one engine URL, an engine killed mid-episode, and an engine
+refused for its weight version."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 
 import httpx
 import openai
+from fastapi import FastAPI
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
-from tests.router.conftest import start_engine
+from tests.stand_in import serve_app
 
 SMG = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))
 
@@ -90,9 +92,17 @@ def test_smg_router_in_front_of_two_engines(router_factory, extra_engine, engine
         smg.stop()
 
 
-def test_engine_with_a_non_integer_weight_version_is_refused(router_factory, engine_url, tiny_model, tmp_path):
-    proc, bad = start_engine(tiny_model, tmp_path, "default-version", "--weight-version", "default")
-    try:
+def sglang_default_version_app() -> FastAPI:
+    """Stands in for an SGLang server started without --weight-version: it reports SGLang's
+    default version string (the embedded engine only takes integers)."""
+    app = FastAPI()
+    app.get("/health")(lambda: {})
+    app.get("/model_info")(lambda: {"model_path": "tiny", "weight_version": "default"})
+    return app
+
+
+def test_engine_with_a_non_integer_weight_version_is_refused(router_factory, engine_url):
+    with serve_app(sglang_default_version_app()) as bad:
         router = router_factory([bad, engine_url])
         listed = httpx.get(router.url + "/admin/engines", headers=router.admin).json()["engines"]
         engines = {e["url"]: e for e in listed}
@@ -104,5 +114,3 @@ def test_engine_with_a_non_integer_weight_version_is_refused(router_factory, eng
         assert r.status_code == 400 and "--weight-version 0" in r.json()["error"]["message"]
         engines = httpx.get(router.url + "/admin/engines", headers=router.admin).json()["engines"]
         assert [e["url"] for e in engines] == [engine_url]
-    finally:
-        proc.stop()

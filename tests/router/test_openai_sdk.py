@@ -221,7 +221,7 @@ def test_metrics_expose_counters(router_app, path):
 
 def test_every_generate_request_the_router_sent_fits_sglangs_schema(router_app):
     """Runs after the other tests of this module: checks all the /generate bodies they caused."""
-    from slimeish.engine.sglang_schema import validate_generate_request
+    from tests.engine.sglang_schema import validate_generate_request
 
     assert router_app.engine_log
     for request, _ in router_app.engine_log:
