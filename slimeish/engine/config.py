@@ -21,6 +21,9 @@ class EngineConfig:
     context_length: int | None = help_field(
         None, help="max prompt + output tokens per sequence (default: the model's, capped at 4096)"
     )
+    max_request_sequences: int = help_field(
+        256, help="sequences one /generate request may ask for (prompts x n); more is a 400, not a stalled engine"
+    )
     max_prefill_tokens: int = help_field(8192, help="prompt tokens admitted (prefilled) in one step at most")
     cpu_threads: int = help_field(
         1, help="torch intra-op threads on CPU; small models decode fastest with 1; threads on busy cores stall"

@@ -112,6 +112,7 @@ def _check_ranges(p: SamplingParams) -> None:
 class Limits:
     vocab_size: int
     context_length: int
+    max_sequences: int = 256  # per request: prompts x n
 
 
 def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRequest], bool, bool]:
@@ -133,9 +134,15 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
     _check_type("return_text_in_logprobs", [text_in_logprobs], bool)
     _check_type("return_logprob", logprob, bool)
     _check_type("rid", rids, str)
+    parsed = [parse_sampling_params(raw) for raw in params]
+    if (total := sum(p.n for p in parsed)) > limits.max_sequences:
+        raise RequestError(
+            f"the request asks for {total} sequences (prompts x n); this engine serves at most "
+            f"{limits.max_sequences} per request (--max-request-sequences)"
+        )
     seqs: list[SequenceRequest] = []
     for i, ids in enumerate(prompts):
-        p = parse_sampling_params(params[i])
+        p = parsed[i]
         _check_prompt(ids, p, limits)
         want_logprob = bool(logprob[i])
         base_rid = str(rids[i]) if rids[i] is not None else uuid.uuid4().hex

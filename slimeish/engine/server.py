@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -45,9 +44,11 @@ def _error(message: str, status: int = 400) -> Response:
 
 
 async def _body(request: Request) -> Any:
+    # orjson refuses what json would crash on or pass along: bytes that are not UTF-8, lone
+    # surrogates (the tokenizer cannot encode them) and nesting deep enough to exhaust the stack.
     try:
-        return json.loads(await request.body() or b"{}")
-    except json.JSONDecodeError as e:
+        return orjson.loads(await request.body() or b"{}")
+    except orjson.JSONDecodeError as e:
         raise RequestError(f"request body is not valid JSON: {e}") from None
 
 
@@ -66,7 +67,7 @@ class Engine:
             self.runner, max_rows=cfg.max_running_requests, max_prefill_tokens=cfg.max_prefill_tokens,
             weight_version=cfg.weight_version,
         )  # fmt: skip
-        self.limits = Limits(self.runner.vocab_size, self.runner.context_length)
+        self.limits = Limits(self.runner.vocab_size, self.runner.context_length, cfg.max_request_sequences)
         self.model_name = cfg.served_model_name or cfg.model
 
     def tokenize(self, text: str) -> list[int]:
@@ -105,7 +106,9 @@ def create_app(cfg: EngineConfig) -> FastAPI:
 def _add_generate_routes(app: FastAPI, engine: Engine) -> None:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        seqs, is_batch, stream = parse_generate(await _body(request), engine.tokenize, engine.limits)
+        # Off the event loop: tokenizing a large `text` must not hold up /health or other requests.
+        body = await _body(request)
+        seqs, is_batch, stream = await asyncio.to_thread(parse_generate, body, engine.tokenize, engine.limits)
         if stream:
             return StreamingResponse(_stream(engine.scheduler, seqs, is_batch), media_type="text/event-stream")
         done = await _until_disconnect(request, _run_to_end(engine.scheduler, seqs))

@@ -134,6 +134,8 @@ def test_abort_request_finishes_with_abort(client):
         ({"input_ids": [1, 10**6]}, "outside the vocabulary"),
         ({"input_ids": "abc"}, "input_ids"),
         ({"text": "hi", "stream": "yes"}, "stream"),
+        ({"input_ids": PROMPT, "sampling_params": {"n": 3000}}, "at most 256 per request"),
+        ({"input_ids": [PROMPT] * 200, "sampling_params": {"n": 2}}, "asks for 400 sequences"),
     ],
 )
 def test_bad_input_is_a_400_and_the_server_stays_healthy(client, body, needle):
@@ -142,10 +144,19 @@ def test_bad_input_is_a_400_and_the_server_stays_healthy(client, body, needle):
     assert client.get("/health_generate").status_code == 200
 
 
-def test_malformed_json_is_a_400(client):
-    r = client.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400
-    assert client.get("/health").status_code == 200
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b'{"text": "\xff\xfe"}',  # not UTF-8
+        b"[" * 100_000,  # nesting that would exhaust a recursive parser's stack
+        b'{"text": "\\ud800 alone"}',  # a lone surrogate: no tokenizer can encode it
+    ],
+)
+def test_undecodable_bodies_are_a_json_400(client, content):
+    r = client.post("/generate", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    assert client.get("/health_generate").status_code == 200
 
 
 def test_info_endpoints(client, tiny_model):
