@@ -25,6 +25,7 @@ from slimeish.rollout import (
     load_rollout_function,
     rollout_config_type,
 )
+from slimeish.rollout.rewards import load_post_process
 from slimeish.train.launch import StackConfig
 from slimeish.trainer.config import LossConfig, TrainerConfig
 
@@ -152,6 +153,8 @@ def check_plugins(setup: TrainSetup) -> None:
         load_generate_function(cfg.custom_generate_function_path)
     if cfg.custom_rm_path:
         load_reward_function(cfg.custom_rm_path)
+    if cfg.custom_reward_post_process_path:
+        load_post_process(cfg.custom_reward_post_process_path)
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
 
