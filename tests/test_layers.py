@@ -45,7 +45,7 @@ def library_modules() -> dict[str, Path]:
             if package == "slimeish" or path.parent == ROOT / folder:
                 modules[_name(package, ROOT / folder, path)] = path
         if package == "slimeish":  # its own subpackages that are folders inside it
-            for path in (ROOT / folder).glob("*/*.py"):
+            for path in (ROOT / folder).glob("*/**/*.py"):
                 modules[_name(package, ROOT / folder, path)] = path
     return modules
 

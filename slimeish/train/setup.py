@@ -25,6 +25,7 @@ from slimeish.rollout import (
     load_rollout_function,
     rollout_config_type,
 )
+from slimeish.rollout.dynamic_filter import DynamicFilter
 from slimeish.rollout.rewards import load_post_process
 from slimeish.train.launch import StackConfig
 from slimeish.trainer.config import LossConfig, TrainerConfig
@@ -155,6 +156,11 @@ def check_plugins(setup: TrainSetup) -> None:
         load_reward_function(cfg.custom_rm_path)
     if cfg.custom_reward_post_process_path:
         load_post_process(cfg.custom_reward_post_process_path)
+    if cfg.dynamic_sampling_filter_path:
+        if setup.buffer.group_filter_path:
+            raise ValueError("--dynamic-sampling-filter-path and --group-filter-path both filter groups: give one")
+        probe_args = argparse.Namespace(**setup.values())  # the router's address is not known yet
+        DynamicFilter(cfg.dynamic_sampling_filter_path, probe_args).check(cfg.n_samples_per_prompt)
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
 
