@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "slimeish.trainer": {"slimeish.common"},
     "slimeish.data": {"slimeish.common"},
     "slimeish.rollout": {"slimeish.common"},
+    "slimeish.utils": {"slimeish.common"},  # slime's helper paths for plugins
     "slimeish.router": {"slimeish.common", "slimeish.buffer!"},
     "slimeish.rollout_functions": {"slimeish.common", "slimeish.rollout", "slimeish.data"},
 }

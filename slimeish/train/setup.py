@@ -165,6 +165,22 @@ def check_plugins(setup: TrainSetup) -> None:
         check_rollout_config(setup.plugin)
 
 
+# slime `args` attributes plugins read that have one meaning here (docs/coming_from_slime.md).
+SLIME_ARGS: dict[str, Any] = {
+    "partial_rollout": False,  # no partial rollout: an aborted episode is failed, the group policy decides
+    "mask_offpolicy_in_partial_rollout": False,
+    "rollout_global_dataset": True,
+    "group_rm": False,
+    "ci_test": False,
+    "rollout_stop_token_ids": None,
+    "rollout_skip_special_tokens": False,
+    "rollout_max_context_len": None,
+    "rm_url": None,
+    "loss_mask_type": "qwen",
+    "use_rollout_routing_replay": False,
+}
+
+
 def plugin_args(setup: TrainSetup, router_url: str, admin_token: str) -> argparse.Namespace:
     """The `args` rollout plugins receive: every option under slime's names (the rollout
     function's own included), plus where the router is. A copy per run: plugins may read it
@@ -177,7 +193,7 @@ def plugin_args(setup: TrainSetup, router_url: str, admin_token: str) -> argpars
         "sglang_router_ip": host,
         "sglang_router_port": int(port),
     }
-    return argparse.Namespace(**setup.values() | where)
+    return argparse.Namespace(**SLIME_ARGS | setup.values() | where)
 
 
 def command_line(setup: TrainSetup) -> list[str]:
