@@ -105,7 +105,10 @@ class _Candidate:
 class Buffer:
     """The data buffer of one run in one Redis database."""
 
-    def __init__(self, url: str, run_id: str, config: BufferConfig | None = None) -> None:
+    def __init__(
+        self, url: str, run_id: str, config: BufferConfig | None = None, group_filter: GroupFilter | None = None
+    ) -> None:
+        """`group_filter`: a filter given as a function rather than by `group_filter_path`."""
         self.keys = Keys(run_id)
         self.config = config or BufferConfig()
         # hiredis parses replies when installed; one DriverInfo, or redis-py reads its package
@@ -113,7 +116,9 @@ class Buffer:
         self.redis = Redis.from_url(url, driver_info=DriverInfo())
         self._scripts = {name: self.redis.register_script(getattr(scripts, name)) for name in _SCRIPTS}
         self._batcher = ScriptBatcher(self.redis)
-        self._filter: GroupFilter | None = None
+        self._filter: GroupFilter | None = group_filter
+        if self.config.group_filter_path and group_filter is not None:
+            raise ValueError("give a group filter by group_filter_path or as a function, not both")
         if self.config.group_filter_path:
             self._filter = load_function(
                 self.config.group_filter_path,

@@ -69,6 +69,14 @@ def _stale(member: Member, current: int, bound: int | None, resumes: list[Resume
     return discarded or newest > current or (bound is not None and current - min(versions) > bound)
 
 
+def _kept(group_filter: GroupFilter, group_id: str, samples: list[Sample]) -> bool:
+    """The filter's verdict; anything but a bool is an error (an object would read as true)."""
+    keep = group_filter(group_id, samples)
+    if not isinstance(keep, bool):
+        raise TypeError(f"the group filter returned {type(keep).__name__} ({keep!r}); expected a bool")
+    return keep
+
+
 def judge(
     group_id: str,
     members: list[Member],
@@ -92,6 +100,6 @@ def judge(
             return Verdict("dropped_stale", [], oldest)
         if stale:
             return Verdict("reopen", [], oldest, stale)
-    if group_filter is not None and not group_filter(group_id, samples):
+    if group_filter is not None and not _kept(group_filter, group_id, samples):
         return Verdict("filtered", [])
     return Verdict("trainable", samples, oldest)

@@ -30,6 +30,7 @@ from slimeish.rollout import (
     session_metadata,
     training_group_id,
 )
+from slimeish.rollout.rewards import load_post_process, post_process_group
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,10 @@ async def run_groups(
         sessions = RouterSessions(args.router_url, args.admin_token, client)
         # The rollout's sampling, for the turns an agent sends without it (token-in sends it all itself).
         sampling = sampling_params(args, evaluation=evaluation)
+        hook_path = getattr(args, "custom_reward_post_process_path", None)
+        post_process = load_post_process(hook_path) if hook_path else None
 
-        async def one(sample: Sample, group_size: int) -> Sample:
+        async def one(sample: Sample, group_size: int) -> tuple[Session, Sample]:
             async with limit:
                 meta = session_metadata(sample, evaluation)
                 group_id = group_id_for(sample, evaluation, rollout_id)
@@ -195,22 +198,33 @@ async def run_groups(
                     sample = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
                 except Exception as exc:  # the agent's failure is data: the group policy decides
                     _fail(sample, f"{type(exc).__name__}: {exc}")
-                reward = _finite(sample.reward)
-                if sample.status != Status.FAILED and reward is None:
-                    _fail(sample, f"no usable reward: {sample.reward!r}")
-                failed = sample.status == Status.FAILED
-                error = {"error": sample.metadata["error"]} if failed else None
-                await sessions.finish(session, None if failed else reward, sample.status, error)
-                return sample
+                return session, sample
 
-        # A training group may be partial (the stale members of a reopened group): its size is the run's.
-        episodes = (one(s, len(g) if evaluation else args.n_samples_per_prompt) for g in groups for s in g)
-        results = await asyncio.gather(*episodes, return_exceptions=True)
+        async def finish(session: Session, sample: Sample) -> None:
+            reward = _finite(sample.reward)
+            if sample.status != Status.FAILED and reward is None:
+                _fail(sample, f"no usable reward: {sample.reward!r}")
+            failed = sample.status == Status.FAILED
+            error = {"error": sample.metadata["error"]} if failed else None
+            await sessions.finish(session, None if failed else reward, sample.status, error)
+
+        async def one_group(group: list[Sample]) -> list[Sample]:
+            # A training group may be partial (the stale members of a reopened group): its size is the run's.
+            size = len(group) if evaluation else args.n_samples_per_prompt
+            done = await asyncio.gather(*(one(s, size) for s in group), return_exceptions=True)
+            ran = [d for d in done if not isinstance(d, BaseException)]
+            if post_process is not None:  # slime's hook sees the group's finished members at once
+                post_process_group(args, post_process, [s for _, s in ran if s.status != Status.FAILED])
+            await asyncio.gather(*(finish(session, sample) for session, sample in ran))
+            if errors := [d for d in done if isinstance(d, BaseException)]:
+                raise errors[0]
+            return [s for _, s in ran]
+
+        results = await asyncio.gather(*(one_group(g) for g in groups), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
-    it = iter(cast(list[Sample], results))  # no exception among them: checked above
-    return [[next(it) for _ in g] for g in groups]
+    return cast(list[list[Sample]], results)  # no exception among them: checked above
 
 
 def _fail(sample: Sample, error: str) -> None:

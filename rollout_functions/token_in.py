@@ -21,7 +21,8 @@ from slimeish.rollout import (
     load_reward_function,
     sampling_params,
 )
-from slimeish.rollout_functions.sessions import Session, checked_reward, http_client, run_episodes
+from slimeish.rollout.rewards import set_reward
+from slimeish.rollout_functions.sessions import Session, http_client, run_episodes
 
 
 @functools.cache
@@ -72,8 +73,10 @@ def generate_rollout(
     async def episode(session: Session, sample: Sample) -> Sample:
         sample.metadata["session"] = {"session_id": session.session_id, "generate_url": session.generate_url}
         sample = await gen(args, sample, dict(params))
-        if rm is not None and sample.status != Status.FAILED:
-            sample.reward = checked_reward(await rm(args, sample), f"the reward function {args.custom_rm_path}")
+        if sample.reward is not None:  # the generate function scored it itself (slime skips the reward function)
+            set_reward(args, sample, sample.reward, f"the generate function {args.custom_generate_function_path}")
+        elif rm is not None and sample.status != Status.FAILED:
+            set_reward(args, sample, await rm(args, sample), f"the reward function {args.custom_rm_path}")
         return sample
 
     return run_episodes(args, data_source, episode, rollout_id=rollout_id, evaluation=evaluation)

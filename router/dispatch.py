@@ -19,12 +19,15 @@ from fastapi.responses import Response
 
 from slimeish.router.api_v1 import chat_completions, completions, generate
 from slimeish.router.errors import APIError, as_api_error, error_response
+from slimeish.router.native import engine_generate
 
 TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
 
 # Served with a session key in the path (`/s/<key>...`) or in the Authorization header.
-_ANONYMOUS: dict[str, TurnEndpoint] = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
-_PER_SESSION: dict[str, TurnEndpoint] = {**_ANONYMOUS, "/generate": generate}
+_OPENAI: dict[str, TurnEndpoint] = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
+# The root /generate is SGLang's native path, forwarded uncaptured (router/native.py).
+_ANONYMOUS: dict[str, TurnEndpoint] = {**_OPENAI, "/generate": engine_generate}
+_PER_SESSION: dict[str, TurnEndpoint] = {**_OPENAI, "/generate": generate}
 
 
 def match_turn_route(path: str) -> tuple[str, TurnEndpoint, str | None] | None:

@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "slimeish.trainer": {"slimeish.common"},
     "slimeish.data": {"slimeish.common"},
     "slimeish.rollout": {"slimeish.common"},
+    "slimeish.utils": {"slimeish.common"},  # slime's helper paths for plugins
     "slimeish.router": {"slimeish.common", "slimeish.buffer!"},
     "slimeish.rollout_functions": {"slimeish.common", "slimeish.rollout", "slimeish.data"},
 }
@@ -45,7 +46,7 @@ def library_modules() -> dict[str, Path]:
             if package == "slimeish" or path.parent == ROOT / folder:
                 modules[_name(package, ROOT / folder, path)] = path
         if package == "slimeish":  # its own subpackages that are folders inside it
-            for path in (ROOT / folder).glob("*/*.py"):
+            for path in (ROOT / folder).glob("*/**/*.py"):
                 modules[_name(package, ROOT / folder, path)] = path
     return modules
 

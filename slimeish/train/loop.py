@@ -89,4 +89,6 @@ async def train_and_sync(p: Parts, groups: list[Group]) -> dict[str, Any]:
     with timed(metrics, "time/sync"):
         metrics |= prefixed("time/sync", await asyncio.to_thread(p.sync.sync, p.trainer))
     metrics |= p.producer.metrics | await asyncio.to_thread(p.router_counters.delta)
+    if p.dynamic_filter is not None:
+        metrics |= p.dynamic_filter.metrics()
     return metrics

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from slimeish.buffer import Buffer
 from slimeish.data import DataSource, read_prompts
 from slimeish.rollout import load_rollout_function
+from slimeish.rollout.dynamic_filter import DynamicFilter
 from slimeish.train.checkpoint import resume
 from slimeish.train.launch import Stack
 from slimeish.train.ledger import TrainedGroups
@@ -43,6 +44,7 @@ class Parts:
     logger: MetricsLogger
     router_counters: RouterCounters
     ledger: TrainedGroups
+    dynamic_filter: DynamicFilter | None = None
 
 
 @contextlib.asynccontextmanager
@@ -66,7 +68,9 @@ async def started(setup: TrainSetup, stack: Stack, run_id: str) -> AsyncIterator
         # or NCCL would export the whole model for nothing.
         if not await asyncio.to_thread(sync.serves, trainer.weight_version):
             await asyncio.to_thread(sync.sync, trainer)
-        async with Buffer(stack.buffer_url, run_id, setup.buffer) as buffer:
+        path = setup.rollout.dynamic_sampling_filter_path
+        dynamic_filter = DynamicFilter(path, args) if path else None
+        async with Buffer(stack.buffer_url, run_id, setup.buffer, group_filter=dynamic_filter) as buffer:
             await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
             if start:  # groups the killed run was still generating are finished, not lost
                 await buffer.note_resume(trainer.weight_version)
@@ -76,7 +80,7 @@ async def started(setup: TrainSetup, stack: Stack, run_id: str) -> AsyncIterator
             if run.mode == "async":
                 producer.start(max_groups=async_window(setup))
             parts = Parts(start, trainer, sync, buffer, producer, data, eval_data, rollout_fn, args, logger,
-                          router_counters, ledger)  # fmt: skip
+                          router_counters, ledger, dynamic_filter)  # fmt: skip
             try:
                 yield parts
             finally:

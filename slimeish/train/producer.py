@@ -24,7 +24,7 @@ from typing import Any
 from slimeish.buffer import Buffer, SessionInfo, Turn
 from slimeish.common.sample import Sample, Status
 from slimeish.data import DataSource
-from slimeish.rollout import RolloutFnTrainOutput, session_metadata, training_group_id
+from slimeish.rollout import ROLLOUT_SIGNATURE, RolloutFnTrainOutput, session_metadata, training_group_id
 
 log = logging.getLogger("slimeish.producer")
 
@@ -71,6 +71,19 @@ async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], group_siz
             await buffer.finish_session(session_id, reward, status.value)
 
 
+def train_output(out: object) -> RolloutFnTrainOutput:
+    """What a rollout function returned for training: `RolloutFnTrainOutput`, or as slime also
+    allows a bare list of groups (`list[list[Sample]]`)."""
+    if isinstance(out, RolloutFnTrainOutput):
+        return out
+    if isinstance(out, list) and all(isinstance(g, list) and all(isinstance(s, Sample) for s in g) for g in out):
+        return RolloutFnTrainOutput(samples=out)
+    raise TypeError(
+        f"the rollout function returned {type(out).__name__}; expected RolloutFnTrainOutput or a list of "
+        f"groups (list[list[Sample]]): {ROLLOUT_SIGNATURE}"
+    )
+
+
 class RolloutProducer:
     """Runs the rollout function. Sync mode: `run_once()` per training step. Async mode:
     `start(max_groups)` streams groups one at a time from as many workers, keeping at most
@@ -105,9 +118,7 @@ class RolloutProducer:
             self.data.regenerate(group_index, request.indices, prompt, label, meta)
         rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
         loop = asyncio.get_running_loop()
-        out = await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data)
-        if not isinstance(out, RolloutFnTrainOutput):
-            raise TypeError(f"the rollout function returned {type(out).__name__}, expected RolloutFnTrainOutput")
+        out = train_output(await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data))
         await store_uncaptured(self.buffer, out.samples, args.n_samples_per_prompt)
         self.metrics = {f"episodes/{k}": v for k, v in out.metrics.items()}
         return self.metrics

@@ -25,6 +25,8 @@ from slimeish.rollout import (
     load_rollout_function,
     rollout_config_type,
 )
+from slimeish.rollout.dynamic_filter import DynamicFilter
+from slimeish.rollout.rewards import load_post_process
 from slimeish.train.launch import StackConfig
 from slimeish.trainer.config import LossConfig, TrainerConfig
 
@@ -152,8 +154,31 @@ def check_plugins(setup: TrainSetup) -> None:
         load_generate_function(cfg.custom_generate_function_path)
     if cfg.custom_rm_path:
         load_reward_function(cfg.custom_rm_path)
+    if cfg.custom_reward_post_process_path:
+        load_post_process(cfg.custom_reward_post_process_path)
+    if cfg.dynamic_sampling_filter_path:
+        if setup.buffer.group_filter_path:
+            raise ValueError("--dynamic-sampling-filter-path and --group-filter-path both filter groups: give one")
+        probe_args = argparse.Namespace(**setup.values())  # the router's address is not known yet
+        DynamicFilter(cfg.dynamic_sampling_filter_path, probe_args).check(cfg.n_samples_per_prompt)
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
+
+
+# slime `args` attributes plugins read that have one meaning here (docs/coming_from_slime.md).
+SLIME_ARGS: dict[str, Any] = {
+    "partial_rollout": False,  # no partial rollout: an aborted episode is failed, the group policy decides
+    "mask_offpolicy_in_partial_rollout": False,
+    "rollout_global_dataset": True,
+    "group_rm": False,
+    "ci_test": False,
+    "rollout_stop_token_ids": None,
+    "rollout_skip_special_tokens": False,
+    "rollout_max_context_len": None,
+    "rm_url": None,
+    "loss_mask_type": "qwen",
+    "use_rollout_routing_replay": False,
+}
 
 
 def plugin_args(setup: TrainSetup, router_url: str, admin_token: str) -> argparse.Namespace:
@@ -168,7 +193,7 @@ def plugin_args(setup: TrainSetup, router_url: str, admin_token: str) -> argpars
         "sglang_router_ip": host,
         "sglang_router_port": int(port),
     }
-    return argparse.Namespace(**setup.values() | where)
+    return argparse.Namespace(**SLIME_ARGS | setup.values() | where)
 
 
 def command_line(setup: TrainSetup) -> list[str]:

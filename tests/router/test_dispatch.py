@@ -13,6 +13,7 @@ import pytest
 from slimeish.router.api_v1 import chat_completions, completions, generate
 from slimeish.router.config import RouterConfig
 from slimeish.router.dispatch import match_turn_route
+from slimeish.router.native import engine_generate
 from slimeish.router.server import create_app
 from slimeish.router.storage import MemoryStore
 from tests.router.test_errors import GOOD, assert_openai_error
@@ -27,7 +28,7 @@ from tests.stand_in import serve_app
         ("/s/sk-1/v1/chat/completions", ("/v1/chat/completions", chat_completions, "sk-1")),
         ("/s/sk-1/v1/completions", ("/v1/completions", completions, "sk-1")),
         ("/s/sk-1/generate", ("/generate", generate, "sk-1")),
-        ("/generate", None),  # token-in needs a session key in the path
+        ("/generate", ("/generate", engine_generate, None)),  # SGLang's native path, uncaptured
         ("/s//generate", None),
         ("/s/sk-1", None),
         ("/s/sk-1/v1/models", None),  # FastAPI's

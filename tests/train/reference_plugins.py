@@ -64,3 +64,11 @@ async def slow_from_group_6(args, sample):
     if sample.group_index >= 6:
         await asyncio.sleep(2.0)
     return await first_token_parity(args, sample)
+
+
+async def even_groups_all_equal(args, sample):
+    """Even groups score 1.0 on every member (zero variance: a dynamic filter drops them); odd
+    groups score by index, as a dict whose `acc` entry --reward-key picks."""
+    if sample.group_index % 2 == 0:
+        return {"acc": 1.0, "format": 1.0}
+    return {"acc": float(sample.index % 2), "format": 1.0}

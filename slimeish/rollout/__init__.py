@@ -28,13 +28,15 @@ from typing import Any, Protocol, runtime_checkable
 from slimeish.common.config import help_field
 from slimeish.common.plugins import load_function
 from slimeish.common.sample import Sample
+from slimeish.rollout.dynamic_filter import DYNAMIC_FILTER_SIGNATURE
+from slimeish.rollout.rewards import POST_PROCESS_SIGNATURE
 
 ROLLOUT_SIGNATURE = (
     "def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False)"
-    " -> RolloutFnTrainOutput | RolloutFnEvalOutput"
+    " -> RolloutFnTrainOutput | list[list[Sample]] | RolloutFnEvalOutput"
 )
 GENERATE_SIGNATURE = "async def generate(args, sample: Sample, sampling_params: dict) -> Sample"
-REWARD_SIGNATURE = "async def reward(args, sample: Sample) -> float"
+REWARD_SIGNATURE = "async def reward(args, sample: Sample) -> float  # or a dict, with --reward-key"
 
 
 @dataclass
@@ -62,6 +64,17 @@ class RolloutConfig:
         None, help=f"per-sample generate used by token_in (default: token-in through the router): {GENERATE_SIGNATURE}"
     )
     custom_rm_path: str | None = help_field(None, help=f"reward function: {REWARD_SIGNATURE}")
+    reward_key: str | None = help_field(
+        None, help="when the reward function returns a dict: the entry trained on (the dict stays in sample.scores)"
+    )
+    custom_reward_post_process_path: str | None = help_field(
+        None, help=f"turns a complete group's raw rewards into the rewards trained on: {POST_PROCESS_SIGNATURE}"
+    )
+    dynamic_sampling_filter_path: str | None = help_field(
+        None,
+        help=f"slime's group filter, applied to each complete group before it is trained: {DYNAMIC_FILTER_SIGNATURE} "
+        "(e.g. slimeish.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std)",
+    )
     rollout_batch_size: int = help_field(8, help="prompts per rollout step")
     n_samples_per_prompt: int = help_field(4, help="samples per prompt (the GRPO group size)")
     rollout_max_response_len: int = help_field(64, help="max new tokens per turn")

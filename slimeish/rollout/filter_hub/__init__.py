@@ -1,0 +1,1 @@
+"""slime's dynamic sampling filters, under slime's module path (`slime.` -> `slimeish.`)."""

@@ -1,0 +1,1 @@
+"""slime's plugin helpers under slime's module paths (`slime.utils.X` -> `slimeish.utils.X`)."""
