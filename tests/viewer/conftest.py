@@ -7,15 +7,18 @@ metrics as `slimeish train` does. The viewer is served over real HTTP on loopbac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import concurrent.futures
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import openai
 import pytest
 
 from slimeish.buffer import Buffer, EmbeddedServer
+from slimeish.common.sample import Sample
 from slimeish.router.config import RouterConfig
 from slimeish.router.server import create_app as router_app
 from slimeish.train.ledger import TrainedGroups
@@ -25,6 +28,7 @@ from slimeish.viewer.catalog import Catalog
 from tests.router.conftest import chat_episode, start_engine
 from tests.stand_in import serve_app
 
+T = TypeVar("T")
 RUN_ID = "viewer-run"
 ADMIN = "admin-secret"
 PAYLOAD = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -46,6 +50,21 @@ class DemoRun:
 
     def catalog(self) -> Catalog:
         return Catalog({RUN_ID: self.run_dir}, {}, self.buffer_url)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to its end on a fresh loop in another thread: a test thread may be running one
+    already (Playwright's sync API does)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def stored_samples(demo_run: DemoRun, session_id: str) -> list[Sample]:
+    async def read() -> list[Sample]:
+        async with Buffer(demo_run.buffer_url, RUN_ID) as buf:
+            return await buf.session_samples(session_id)
+
+    return run_async(read())
 
 
 class Agents:
@@ -78,14 +97,14 @@ class Agents:
 def play(agents: Agents) -> tuple[list[dict], dict]:
     g0 = [agents.open("g0", i, 2) for i in range(2)]
     g1 = [agents.open("g1", i, 2) for i in range(2)]
-    asyncio.run(chat_episode(g0[0]["base_url"], [PAYLOAD, "and again"], max_tokens=8))
-    asyncio.run(chat_episode(g0[1]["base_url"], ["hello"], max_tokens=8))
-    asyncio.run(agents.tool_episode(g1[0]["base_url"]))
-    asyncio.run(chat_episode(g1[1]["base_url"], ["hi there"], max_tokens=8))
+    run_async(chat_episode(g0[0]["base_url"], [PAYLOAD, "and again"], max_tokens=8))
+    run_async(chat_episode(g0[1]["base_url"], ["hello"], max_tokens=8))
+    run_async(agents.tool_episode(g1[0]["base_url"]))
+    run_async(chat_episode(g1[1]["base_url"], ["hi there"], max_tokens=8))
     for session, reward in zip(g0 + g1, (1.0, 0.0, 0.5, 1.0), strict=True):
         agents.finish(session, reward)
     in_flight = agents.open("g-open", 0, 1)
-    asyncio.run(chat_episode(in_flight["base_url"], ["still going"], max_tokens=4))
+    run_async(chat_episode(in_flight["base_url"], ["still going"], max_tokens=4))
     return g0 + g1, in_flight
 
 
@@ -112,7 +131,7 @@ def demo_run(tiny_model, tmp_path_factory) -> Iterator[DemoRun]:
                                   buffer_url=valkey.url, run_id=RUN_ID)  # fmt: skip
             with serve_app(router_app(config), startup_timeout=30) as router:
                 sessions, in_flight = play(Agents(router))
-                asyncio.run(train_steps(valkey.url, run_dir))
+                run_async(train_steps(valkey.url, run_dir))
                 yield DemoRun(tiny_model, run_dir, valkey.url, router, sessions[0]["session_id"],
                               sessions[2]["session_id"], in_flight["session_id"])  # fmt: skip
     finally:

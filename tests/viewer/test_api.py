@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 
-from slimeish.buffer import Buffer
 from slimeish.viewer.reader import advantages
-from tests.viewer.conftest import ADMIN, PAYLOAD, RUN_ID
-
-
-def buffer_samples(demo_run, session_id: str):
-    async def read():
-        async with Buffer(demo_run.buffer_url, RUN_ID) as buf:
-            return await buf.session_samples(session_id)
-
-    return asyncio.run(read())
+from tests.viewer.conftest import ADMIN, PAYLOAD, RUN_ID, stored_samples
 
 
 def test_runs_and_steps_come_from_the_buffer_and_the_run_dir(api):
@@ -51,7 +40,7 @@ def test_a_split_episode_shows_both_segments_and_the_reason(api, demo_run):
 
 
 def test_the_sample_view_is_the_stored_sample(api, demo_run):
-    (stored,) = buffer_samples(demo_run, demo_run.script_session)
+    (stored,) = stored_samples(demo_run, demo_run.script_session)
     view = api.get(f"/api/runs/{RUN_ID}/samples/{demo_run.script_session}/0").json()
     assert view["tokens"] == stored.tokens and view["prompt_length"] == stored.prompt_length
     assert view["sampled"][stored.prompt_length :] == stored.loss_mask
