@@ -14,7 +14,11 @@ class ViewerConfig:
         None, help="redis://HOST:PORT/DB of the buffer (default: the embedded server of --run-dir/buffer)"
     )
     run_dir: Path = help_field(Path("runs"), help="a run directory, or a directory of run directories")
-    run_id: str | None = help_field(None, help="run id of --run-dir when it is one run (default: its name)")
+    run_id: str | None = help_field(
+        None,
+        help="--run-dir is this run's directory, even before it has files "
+        "(default: runs found by their files, each named after its directory)",
+    )
     model: Path | None = help_field(None, help="model dir whose tokenizer decodes tokens to text (default: ids)")
     router_url: str | None = help_field(None, help="router base URL, for the sessions in flight")
     admin_token: str | None = help_field(

@@ -109,9 +109,7 @@ def _router_client(config: ViewerConfig) -> httpx.AsyncClient | None:
 def open_catalog(config: ViewerConfig) -> Iterator[Catalog]:
     """The runs under --run-dir; without --buffer-url each run's own embedded server serves it
     (the one already running there, else one started for as long as the viewer runs)."""
-    dirs = run_dirs(config.run_dir)
-    if config.run_id and len(dirs) == 1:
-        dirs = {config.run_id: next(iter(dirs.values()))}
+    dirs = {config.run_id: config.run_dir} if config.run_id else run_dirs(config.run_dir)
     with contextlib.ExitStack() as stack:
         urls = {} if config.buffer_url else {
             rid: stack.enter_context(connect_or_start(None, d / "buffer")) for rid, d in dirs.items()
