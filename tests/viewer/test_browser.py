@@ -70,8 +70,9 @@ def test_filters_narrow_a_step(page):
 def test_highlighted_sampled_tokens_are_the_loss_mask(page, demo_run):
     for session_id, segment in ((demo_run.script_session, 0), (demo_run.split_session, 1)):
         stored = next(s for s in stored_samples(demo_run, session_id) if s.segment_index == segment)
-        page.goto(f"/#/run/{RUN_ID}/sample/{session_id}/{segment}")
-        page.wait_for_selector("#turns .tok")
+        route = f"#/run/{RUN_ID}/sample/{session_id}/{segment}"
+        page.goto(f"/{route}")
+        page.wait_for_selector(f"main[data-ready='{route}']")  # this sample drawn, not the one before
         spans = page.locator("#turns .tok").evaluate_all(
             "spans => spans.map(s => [Number(s.dataset.i), s.classList.contains('sampled')])"
         )
