@@ -8,6 +8,10 @@ STAMP := $(VENV)/.installed
 .PHONY: install demo test test-fast lint typecheck format clean
 
 $(STAMP): pyproject.toml Makefile
+	# Chromium for the viewer's browser tests comes from the distribution (never a browser
+	# download): installed here when it is missing and we are root, as CI is on a fresh clone.
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q chromium; }
+	@command -v chromium >/dev/null || echo "warning: no chromium; as root: apt-get install chromium (viewer browser tests)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below pulls the CUDA wheels.

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "buffer": ("slimeish.buffer.cli:main", "run or inspect the Redis data buffer (serve, stats, export)"),
     "router": ("slimeish.router.server:main", "run the OpenAI-compatible token-logging router"),
     "train": ("slimeish.train:main", "launch an RL run: buffer, engines, router, trainer"),
+    "viewer": ("slimeish.viewer.server:main", "serve the read-only web viewer of runs, steps and samples"),
 }
 
 

@@ -35,6 +35,7 @@ class StackConfig:
     router_port: int | None = help_field(None, help="router port (default: a free port)")
     admin_token: str | None = help_field(None, help="router admin token (default: a fresh random token)")
     startup_timeout: float = help_field(120.0, help="seconds to wait for each part to become healthy")
+    viewer_port: int | None = help_field(None, help="also serve `slimeish viewer` of this run on this port")
 
 
 def wait_redis(url: str, timeout: float, proc: ManagedProcess | None = None) -> None:
@@ -105,6 +106,8 @@ class Stack:
             else:
                 self.engine_urls = [self._start_engine(i) for i in range(self.cfg.num_engines)]
             self.router_url = self._start_router()
+            if self.cfg.viewer_port is not None:
+                self._start_viewer(self.cfg.viewer_port)
         except BaseException:
             self._exit.close()
             raise
@@ -141,3 +144,9 @@ class Stack:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", self.cfg.startup_timeout, proc.proc)
         return url
+
+    def _start_viewer(self, port: int) -> None:
+        argv = flags(buffer_url=self.buffer_url, run_dir=self.run_dir, run_id=self.run_id, model=self.model_path)
+        argv += flags(router_url=self.router_url, admin_token=self.admin_token, port=port)
+        proc = self._spawn("viewer", "viewer", *argv)
+        wait_http(f"http://127.0.0.1:{port}/", self.cfg.startup_timeout, proc.proc)
