@@ -40,7 +40,8 @@ async function runPage(rid, live) {
 function stepTable(rid, steps) {
   const cols = ["rollout/reward_mean", "eval/reward_mean", "rollout/response_length", "rollout/staleness_max",
     "rollout/segments_split", "train/loss"];
-  return table(["step", "groups", ...cols.map((c) => c.split("/").pop())],
+  const heads = ["reward", "held-out reward", "response length", "staleness", "splits", "loss"];
+  return table(["step", "groups", ...heads],
     steps.map((s) => [link(stepHref(rid, s.step), String(s.step)), fmt(s.groups), ...cols.map((c) => fmt(s[c]))]));
 }
 
