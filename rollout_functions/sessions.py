@@ -4,7 +4,8 @@ A rollout function turns prompt groups into episodes: for every sample it opens 
 (group id, index, group size), lets something drive the episode through that session (token-in
 generate, an in-process agent, an external command), scores it, and finishes the session with the
 reward or a failure status. The router captures every turn into the buffer, so the returned
-samples are for metrics: the trainer reads the captured ones from the buffer.
+samples are for metrics: the trainer reads the captured ones from the buffer. A sample whose
+session captured nothing (its plugin called the engine itself) is recorded from what it returns.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import httpx
 
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import (
+    RECORD_FROM_RETURN,
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
+    carries_response,
     sampling_params,
     session_metadata,
     training_group_id,
@@ -71,6 +74,12 @@ class RouterSessions:
         r.raise_for_status()
         d = r.json()
         return Session(d["session_id"], d["api_key"], d["base_url"])
+
+    async def captured_turns(self, session: Session) -> int:
+        """How many turns the router captured on the session so far."""
+        r = await self.client.get(f"{self.router_url}/sessions/{session.session_id}", headers=self.headers)
+        r.raise_for_status()
+        return int(r.json()["turns"])
 
     async def finish(
         self, session: Session, reward: float | None, status: Status, metadata: dict[str, Any] | None = None
@@ -172,7 +181,10 @@ async def run_groups(
     across all rollout calls in the process.
 
     An episode that raises, times out, or ends without a finite reward is finished as failed
-    (the buffer's group policy decides about its group). Errors talking to the router are not
+    (the buffer's group policy decides about its group). A training session that captured nothing
+    while its sample carries tokens of its own (a slime plugin that called the router's root
+    /generate) is left open, marked `RECORD_FROM_RETURN`: `slimeish train` records the returned
+    tokens into it and finishes it (`slimeish.train.producer.record_returned`). Errors talking to the router are not
     the episode's fault: they are raised once every episode has ended."""
     limit = episode_slots(args.rollout_concurrency)
     limits = httpx.Limits(max_connections=args.rollout_concurrency)  # one connection per running episode
@@ -205,6 +217,9 @@ async def run_groups(
             if sample.status != Status.FAILED and reward is None:
                 _fail(sample, f"no usable reward: {sample.reward!r}")
             failed = sample.status == Status.FAILED
+            if not (failed or evaluation) and carries_response(sample) and not await sessions.captured_turns(session):
+                sample.metadata[RECORD_FROM_RETURN] = True  # its own tokens: slimeish train records and finishes it
+                return
             error = {"error": sample.metadata["error"]} if failed else None
             await sessions.finish(session, None if failed else reward, sample.status, error)
 

@@ -128,6 +128,18 @@ def check_rollout_config(cfg: object) -> None:
         cfg.check()
 
 
+# A training session that captured no turn while its sample came back with tokens of its own (a slime
+# plugin that posted to the router's root /generate) is left open and named under this metadata key:
+# slimeish train appends the returned tokens to it as turns, then finishes it, so the sample is
+# recorded from what the plugin returned, at its own place in its group.
+RECORD_FROM_RETURN = "record_from_return"
+
+
+def carries_response(sample: Sample) -> bool:
+    """The sample holds sampled tokens of its own to train on (slime's fields, response part)."""
+    return sample.response_length > 0 and sample.rollout_log_probs is not None
+
+
 def training_group_id(sample: Sample) -> str:
     """The buffer group of a training sample: one per prompt draw (`group_index`), so regenerated
     members of a reopened group (served with the same `group_index`) land in it again."""
