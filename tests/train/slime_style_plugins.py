@@ -2,6 +2,8 @@
 router's root /generate itself and builds the sample's tokens, loss mask and log-probs by hand),
 with only `slime.` changed to `slimeish.` in the imports."""
 
+import copy
+
 from slimeish.rollout.sglang_rollout import GenerateState
 from slimeish.utils.http_utils import post
 from slimeish.utils.types import Sample
@@ -40,3 +42,26 @@ async def generate_with_tool(args, sample: Sample, sampling_params) -> Sample:
     sample.rollout_log_probs = log_probs
     sample.status = Sample.Status.TRUNCATED if meta["finish_reason"]["type"] == "length" else Sample.Status.COMPLETED
     return sample
+
+
+async def generate_two_samples(args, sample: Sample, sampling_params) -> list[Sample]:
+    """slime's list return: two one-turn samples of the same prompt, scored by the generate itself."""
+    state = GenerateState(args)
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    samples = [sample, copy.deepcopy(sample)]
+    for s in samples:
+        prompt_ids = state.tokenizer.apply_chat_template(s.prompt, add_generation_prompt=True, tokenize=True)
+        if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
+            prompt_ids = list(prompt_ids["input_ids"])
+        s.tokens = list(prompt_ids)
+        output = await post(url, {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True})
+        meta = output["meta_info"]
+        s.append_response_tokens(
+            args,
+            tokens=[t for _, t, _ in meta["output_token_logprobs"]],
+            log_probs=[lp for lp, _, _ in meta["output_token_logprobs"]],
+            meta_info=meta,
+            text=output["text"],
+        )
+        s.reward = float(sample.index % 2)
+    return samples

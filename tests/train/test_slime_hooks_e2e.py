@@ -46,3 +46,16 @@ def test_a_slime_generate_posting_to_the_root_generate_trains(tiny_model, prompt
 async def stored_samples(url: str, run_id: str) -> list[Sample]:
     async with Buffer(url, run_id) as buf:
         return [s async for s in buf.iter_samples()]
+
+
+def test_a_slime_generate_returning_a_list_trains_each_sample(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+    """Each returned sample becomes one segment of its member's session, trained with its reward."""
+    run_dir = tmp_path / "list-generate"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "1", "--run-id", "list-generate")
+    argv += ["--custom-generate-function-path", "tests.train.slime_style_plugins.generate_two_samples"]
+    run_train(argv, tmp_path / "list-generate.log")
+    assert len([r for r in metrics(run_dir) if "train/loss" in r]) == 1
+    samples = asyncio.run(stored_samples(valkey.url, "list-generate"))
+    assert len(samples) == 2 * 2 * 2  # 2 groups x 2 members x 2 returned samples
+    assert sorted(s.segment_index for s in samples) == [0] * 4 + [1] * 4
+    assert all(s.reward == float(s.index % 2) for s in samples)
