@@ -4,7 +4,8 @@ A rollout function turns prompt groups into episodes: for every sample it opens 
 (group id, index, group size), lets something drive the episode through that session (token-in
 generate, an in-process agent, an external command), scores it, and finishes the session with the
 reward or a failure status. The router captures every turn into the buffer, so the returned
-samples are for metrics: the trainer reads the captured ones from the buffer.
+samples are for metrics: the trainer reads the captured ones from the buffer. A sample whose
+session captured nothing (its plugin called the engine itself) is recorded from what it returns.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import httpx
 
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import (
+    RECORD_FROM_RETURN,
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
+    carries_response,
     sampling_params,
     session_metadata,
     training_group_id,
@@ -72,6 +75,12 @@ class RouterSessions:
         d = r.json()
         return Session(d["session_id"], d["api_key"], d["base_url"])
 
+    async def captured_turns(self, session: Session) -> int:
+        """How many turns the router captured on the session so far."""
+        r = await self.client.get(f"{self.router_url}/sessions/{session.session_id}", headers=self.headers)
+        r.raise_for_status()
+        return int(r.json()["turns"])
+
     async def finish(
         self, session: Session, reward: float | None, status: Status, metadata: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -82,7 +91,9 @@ class RouterSessions:
         return r.json()
 
 
-EpisodeFn = Callable[[Session, Sample], Awaitable[Sample]]
+# An episode returns its group member: one sample, or several (slime's list-returning generate),
+# which become the segments of the member's session and share its one reward.
+EpisodeFn = Callable[[Session, Sample], Awaitable[Sample | list[Sample]]]
 
 # The rollout call's shared HTTP client, for episode code that runs inside `run_groups`.
 _client: contextvars.ContextVar[httpx.AsyncClient] = contextvars.ContextVar("slimeish_rollout_client")
@@ -172,7 +183,10 @@ async def run_groups(
     across all rollout calls in the process.
 
     An episode that raises, times out, or ends without a finite reward is finished as failed
-    (the buffer's group policy decides about its group). Errors talking to the router are not
+    (the buffer's group policy decides about its group). A training session that captured nothing
+    while its sample carries tokens of its own (a slime plugin that called the router's root
+    /generate) is left open, marked `RECORD_FROM_RETURN`: `slimeish train` records the returned
+    tokens into it and finishes it (`slimeish.train.producer.record_returned`). Errors talking to the router are not
     the episode's fault: they are raised once every episode has ended."""
     limit = episode_slots(args.rollout_concurrency)
     limits = httpx.Limits(max_connections=args.rollout_concurrency)  # one connection per running episode
@@ -184,7 +198,7 @@ async def run_groups(
         hook_path = getattr(args, "custom_reward_post_process_path", None)
         post_process = load_post_process(hook_path) if hook_path else None
 
-        async def one(sample: Sample, group_size: int) -> tuple[Session, Sample]:
+        async def one(sample: Sample, group_size: int) -> tuple[Session, list[Sample]]:
             async with limit:
                 meta = session_metadata(sample, evaluation)
                 group_id = group_id_for(sample, evaluation, rollout_id)
@@ -195,18 +209,26 @@ async def run_groups(
                 )
                 sample.session_id = session.session_id
                 try:
-                    sample = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
+                    out = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
+                    member = _member(out if isinstance(out, list) else [out], session.session_id)
                 except Exception as exc:  # the agent's failure is data: the group policy decides
                     _fail(sample, f"{type(exc).__name__}: {exc}")
-                return session, sample
+                    member = [sample]
+                return session, member
 
-        async def finish(session: Session, sample: Sample) -> None:
-            reward = _finite(sample.reward)
-            if sample.status != Status.FAILED and reward is None:
-                _fail(sample, f"no usable reward: {sample.reward!r}")
-            failed = sample.status == Status.FAILED
-            error = {"error": sample.metadata["error"]} if failed else None
-            await sessions.finish(session, None if failed else reward, sample.status, error)
+        async def finish(session: Session, member: list[Sample]) -> None:
+            lead = member[0]  # `_member` gave every sample the member's status and reward
+            reward = _finite(lead.reward)
+            if lead.status != Status.FAILED and reward is None:
+                _fail_all(member, f"no usable reward: {lead.reward!r}")
+            failed = lead.status == Status.FAILED
+            own_tokens = all(carries_response(s) for s in member)
+            if not (failed or evaluation) and own_tokens and not await sessions.captured_turns(session):
+                for s in member:
+                    s.metadata[RECORD_FROM_RETURN] = True  # its own tokens: slimeish train records and finishes it
+                return
+            error = {"error": lead.metadata["error"]} if failed else None
+            await sessions.finish(session, None if failed else reward, lead.status, error)
 
         async def one_group(group: list[Sample]) -> list[Sample]:
             # A training group may be partial (the stale members of a reopened group): its size is the run's.
@@ -214,17 +236,35 @@ async def run_groups(
             done = await asyncio.gather(*(one(s, size) for s in group), return_exceptions=True)
             ran = [d for d in done if not isinstance(d, BaseException)]
             if post_process is not None:  # slime's hook sees the group's finished members at once
-                post_process_group(args, post_process, [s for _, s in ran if s.status != Status.FAILED])
-            await asyncio.gather(*(finish(session, sample) for session, sample in ran))
+                post_process_group(args, post_process, [s for _, m in ran for s in m if s.status != Status.FAILED])
+            await asyncio.gather(*(finish(session, member) for session, member in ran))
             if errors := [d for d in done if isinstance(d, BaseException)]:
                 raise errors[0]
-            return [s for _, s in ran]
+            return [s for _, member in ran for s in member]
 
         results = await asyncio.gather(*(one_group(g) for g in groups), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
     return cast(list[list[Sample]], results)  # no exception among them: checked above
+
+
+def _member(samples: list[Sample], session_id: str) -> list[Sample]:
+    """The samples of one group member, in its session, sharing one outcome: failed if any failed,
+    else one reward (a member is trained with one reward; differing ones fail it, saying so)."""
+    for s in samples:
+        s.session_id = session_id
+    if failed := next((s for s in samples if s.status == Status.FAILED), None):
+        _fail_all(samples, failed.metadata.get("error", "a sample of the member failed"))
+    elif len({repr(s.reward) for s in samples}) > 1:
+        rewards = [s.reward for s in samples]
+        _fail_all(samples, f"the samples of one group member share its reward; they have {rewards}")
+    return samples
+
+
+def _fail_all(samples: list[Sample], error: str) -> None:
+    for s in samples:
+        _fail(s, error)
 
 
 def _fail(sample: Sample, error: str) -> None:

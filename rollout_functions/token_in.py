@@ -3,8 +3,8 @@
 Each sample's prompt is rendered with the model's chat template (a list of messages) or used as
 raw text (a string), tokenized once, and sent as `input_ids` to the session's `/generate`; the
 router captures the sampled ids and logprobs. `--custom-generate-function-path` replaces the
-per-sample generate (slime's `async def generate(args, sample, sampling_params) -> Sample`; the
-session is in `sample.metadata["session"]`), and `--custom-rm-path` scores each sample.
+per-sample generate (slime's `async def generate(args, sample, sampling_params) -> Sample`, or a
+`list[Sample]`; the session is in `sample.metadata["session"]`), and `--custom-rm-path` scores each sample.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from slimeish.common.sample import Sample, Status
 from slimeish.rollout import (
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
+    generated_samples,
     load_generate_function,
     load_reward_function,
     sampling_params,
@@ -70,13 +71,15 @@ def generate_rollout(
         )
     params = sampling_params(args, evaluation=evaluation)
 
-    async def episode(session: Session, sample: Sample) -> Sample:
+    async def episode(session: Session, sample: Sample) -> list[Sample]:
         sample.metadata["session"] = {"session_id": session.session_id, "generate_url": session.generate_url}
-        sample = await gen(args, sample, dict(params))
-        if sample.reward is not None:  # the generate function scored it itself (slime skips the reward function)
-            set_reward(args, sample, sample.reward, f"the generate function {args.custom_generate_function_path}")
-        elif rm is not None and sample.status != Status.FAILED:
-            set_reward(args, sample, await rm(args, sample), f"the reward function {args.custom_rm_path}")
-        return sample
+        source = f"the generate function {args.custom_generate_function_path}"
+        samples = generated_samples(await gen(args, sample, dict(params)), source)
+        for s in samples:
+            if s.reward is not None:  # the generate function scored it itself (slime skips the reward function)
+                set_reward(args, s, s.reward, source)
+            elif rm is not None and s.status != Status.FAILED:
+                set_reward(args, s, await rm(args, s), f"the reward function {args.custom_rm_path}")
+        return samples
 
     return run_episodes(args, data_source, episode, rollout_id=rollout_id, evaluation=evaluation)

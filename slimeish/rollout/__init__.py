@@ -4,7 +4,8 @@ Three hooks, each named by import path on the command line:
 
 - `--rollout-function-path`: `def generate_rollout(args, rollout_id, data_source, evaluation=False)`
   returning `RolloutFnTrainOutput` (or `RolloutFnEvalOutput` when `evaluation` is true);
-- `--custom-generate-function-path`: `async def generate(args, sample, sampling_params) -> Sample`;
+- `--custom-generate-function-path`: `async def generate(args, sample, sampling_params) -> Sample`
+  (or a `list[Sample]`: the samples of one group member);
 - `--custom-rm-path`: `async def reward(args, sample) -> float`.
 
 `args` is a read-only namespace with slime's attribute names (`rollout_batch_size`,
@@ -35,7 +36,7 @@ ROLLOUT_SIGNATURE = (
     "def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False)"
     " -> RolloutFnTrainOutput | list[list[Sample]] | RolloutFnEvalOutput"
 )
-GENERATE_SIGNATURE = "async def generate(args, sample: Sample, sampling_params: dict) -> Sample"
+GENERATE_SIGNATURE = "async def generate(args, sample: Sample, sampling_params: dict) -> Sample | list[Sample]"
 REWARD_SIGNATURE = "async def reward(args, sample: Sample) -> float  # or a dict, with --reward-key"
 
 
@@ -92,7 +93,17 @@ def load_rollout_function(path: str) -> Callable[..., Any]:
     return load_function(path, expected=ROLLOUT_SIGNATURE, params=["args", "rollout_id", "data_source"], is_async=False)
 
 
-def load_generate_function(path: str) -> Callable[..., Awaitable[Sample]]:
+def generated_samples(out: object, source: str) -> list[Sample]:
+    """What a generate function returned, as the samples of one group member: one `Sample`, or as
+    slime also allows a non-empty `list[Sample]`. Anything else is an error naming the signature."""
+    if isinstance(out, Sample):
+        return [out]
+    if isinstance(out, list) and out and all(isinstance(s, Sample) for s in out):
+        return out
+    raise TypeError(f"{source} returned {type(out).__name__}; expected {GENERATE_SIGNATURE}")
+
+
+def load_generate_function(path: str) -> Callable[..., Awaitable[Sample | list[Sample]]]:
     return load_function(path, expected=GENERATE_SIGNATURE, params=["args", "sample", "sampling_params"], is_async=True)
 
 
@@ -126,6 +137,18 @@ def check_rollout_config(cfg: object) -> None:
     """Run a rollout function's start-up check of its config, where it defines one."""
     if isinstance(cfg, CheckedConfig):
         cfg.check()
+
+
+# A training session that captured no turn while its sample came back with tokens of its own (a slime
+# plugin that posted to the router's root /generate) is left open and named under this metadata key:
+# slimeish train appends the returned tokens to it as turns, then finishes it, so the sample is
+# recorded from what the plugin returned, at its own place in its group.
+RECORD_FROM_RETURN = "record_from_return"
+
+
+def carries_response(sample: Sample) -> bool:
+    """The sample holds sampled tokens of its own to train on (slime's fields, response part)."""
+    return sample.response_length > 0 and sample.rollout_log_probs is not None
 
 
 def training_group_id(sample: Sample) -> str:

@@ -6,8 +6,8 @@ as a partial group under the same `group_index`, so the new episodes join the sa
 The rollout function is slime's synchronous `generate_rollout(args, rollout_id, data_source)`; it
 runs in a worker thread so the trainer's event loop stays free. Groups it captured through router
 sessions are already in the buffer. Samples it produced some other way (a slime plugin calling an
-engine directly) are written to the buffer here, one session per sample, so the trainer always
-reads whole groups from one place.
+engine directly) are written to the buffer here, into the session it left open for them or a new
+one per sample, so the trainer always reads whole groups from one place.
 """
 
 from __future__ import annotations
@@ -21,21 +21,31 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
+
 from slimeish.buffer import Buffer, SessionInfo, Turn
 from slimeish.common.sample import Sample, Status
 from slimeish.data import DataSource
-from slimeish.rollout import ROLLOUT_SIGNATURE, RolloutFnTrainOutput, session_metadata, training_group_id
+from slimeish.rollout import (
+    RECORD_FROM_RETURN,
+    ROLLOUT_SIGNATURE,
+    RolloutFnTrainOutput,
+    session_metadata,
+    training_group_id,
+)
 
 log = logging.getLogger("slimeish.producer")
 
 
-def sample_to_turns(session_id: str, sample: Sample) -> list[Turn]:
+def sample_to_turns(session_id: str, sample: Sample, first_turn: int = 0, segment: int = 0) -> list[Turn]:
     """Exact turns of an uncaptured sample: each run of mask-1 tokens is one turn's output, and
-    the tokens before it (the prompt, or given tokens such as tool results) its prompt."""
+    the tokens before it (the prompt, or given tokens such as tool results) its prompt. The turns
+    are numbered from `first_turn`, in segment `segment` (a session's later samples start new ones)."""
     sample.validate()
     if sample.rollout_log_probs is None:
         raise ValueError(f"sample {sample.group_index}/{sample.index} has no rollout_log_probs to train on")
     mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
+    versions = [int(v) for v in sample.weight_versions] or [0]  # SGLang reports them as strings
     turns: list[Turn] = []
     prompt, pos = list(sample.tokens[: sample.prompt_length]), 0
     response = sample.tokens[sample.prompt_length :]
@@ -43,8 +53,9 @@ def sample_to_turns(session_id: str, sample: Sample) -> list[Turn]:
         end = pos + len(list(run))
         if sampled:
             logprobs = list(sample.rollout_log_probs[pos:end])
-            versions = sample.weight_versions or [0]
-            turns.append(Turn(session_id, len(turns), 0, None, prompt, list(response[pos:end]), logprobs, versions))
+            split = "returned_sample" if segment and not turns else None
+            index = first_turn + len(turns)
+            turns.append(Turn(session_id, index, segment, split, prompt, list(response[pos:end]), logprobs, versions))
             prompt = []
         else:
             prompt += response[pos:end]
@@ -52,23 +63,50 @@ def sample_to_turns(session_id: str, sample: Sample) -> list[Turn]:
     return turns
 
 
-async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], group_size: int) -> None:
-    """Write samples that did not go through a router session into the buffer, group by group
-    (a group may be partial: the regenerated members of a reopened group)."""
-    for group in groups:
-        if not group or all(s.session_id for s in group):
-            continue
-        for sample in group:
-            session_id = f"direct-{uuid.uuid4().hex}"
-            info = SessionInfo(
-                session_id, training_group_id(sample), sample.index or 0, group_size, session_metadata(sample, False)
-            )
-            await buffer.open_session(info)
-            for turn in sample_to_turns(session_id, sample):
-                await buffer.append_turn(turn)
-            status = Status.COMPLETED if sample.status == Status.PENDING else sample.status
-            reward = None if status == Status.FAILED else sample.reward
-            await buffer.finish_session(session_id, reward, status.value)
+async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], args: Any) -> None:
+    """Record the returned samples no router session captured: into the session the rollout
+    function left open for them (`RECORD_FROM_RETURN`; several samples of one member share it),
+    or into a new one where they had none (a rollout function that never opened sessions). A
+    group may be partial: the regenerated members of a reopened group."""
+    left_open: dict[str, list[Sample]] = {}
+    for sample in (s for group in groups for s in group):
+        if sample.metadata.pop(RECORD_FROM_RETURN, False):
+            assert sample.session_id is not None, "a sample left to record names its open session"
+            left_open.setdefault(sample.session_id, []).append(sample)
+        elif not sample.session_id:
+            await _store_direct(buffer, sample, args.n_samples_per_prompt)
+    for session_id, member in left_open.items():
+        await record_returned(buffer, args, session_id, member)
+
+
+async def record_returned(buffer: Buffer, args: Any, session_id: str, member: list[Sample]) -> None:
+    """Append a member's returned samples to its open, empty router session, one segment each,
+    then finish the session through the router (which seals it from the stored turns)."""
+    n_turns = 0
+    for segment, sample in enumerate(member):
+        for turn in sample_to_turns(session_id, sample, n_turns, segment):
+            await buffer.append_turn(turn)
+            n_turns += 1
+    lead = member[0]  # the rollout function gave the member's samples one status and reward
+    status = Status.COMPLETED if lead.status == Status.PENDING else lead.status
+    body: dict[str, Any] = {"reward": lead.reward, "status": status.value, "metadata": {}}
+    headers = {"Authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(f"{args.router_url}/sessions/{session_id}/finish", json=body, headers=headers)
+        r.raise_for_status()
+
+
+async def _store_direct(buffer: Buffer, sample: Sample, group_size: int) -> None:
+    session_id = f"direct-{uuid.uuid4().hex}"
+    info = SessionInfo(
+        session_id, training_group_id(sample), sample.index or 0, group_size, session_metadata(sample, False)
+    )
+    await buffer.open_session(info)
+    for turn in sample_to_turns(session_id, sample):
+        await buffer.append_turn(turn)
+    status = Status.COMPLETED if sample.status == Status.PENDING else sample.status
+    reward = None if status == Status.FAILED else sample.reward
+    await buffer.finish_session(session_id, reward, status.value)
 
 
 def train_output(out: object) -> RolloutFnTrainOutput:
@@ -119,7 +157,7 @@ class RolloutProducer:
         rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
         loop = asyncio.get_running_loop()
         out = train_output(await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data))
-        await store_uncaptured(self.buffer, out.samples, args.n_samples_per_prompt)
+        await store_uncaptured(self.buffer, out.samples, args)
         self.metrics = {f"episodes/{k}": v for k, v in out.metrics.items()}
         return self.metrics
 

@@ -15,6 +15,11 @@ from slimeish.common.config import help_field
 
 @dataclass(kw_only=True)
 class LossConfig:
+    loss_type: Literal["policy_loss", "sft_loss"] = help_field(
+        "policy_loss",
+        help="slime's loss types. policy_loss: the policy-gradient loss of --policy-loss; sft_loss: the negative "
+        "log-likelihood of the loss-mask tokens (SFT: no advantages, no rollout log-probs used)",
+    )
     advantage_estimator: Literal["grpo", "dr_grpo"] = help_field(
         "grpo", help="grpo: (r - group mean) / group std; dr_grpo: r - group mean (no std division)"
     )
@@ -45,6 +50,8 @@ class LossConfig:
             raise ValueError("eps_clip and eps_clip_high must be >= 0")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
+        if self.loss_type == "sft_loss" and self.tis:
+            raise ValueError("--loss-type sft_loss trains on no rollout log-probs; drop --tis")
         if self.tis and self.old_log_probs == "rollout":
             raise ValueError("tis corrects trainer-vs-rollout mismatch; it needs old_log_probs='trainer'")
         if not 0 <= self.tis_clip_low <= self.tis_clip_high:

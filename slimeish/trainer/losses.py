@@ -99,10 +99,19 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, normalizer: float) -> 
     raise ValueError(f"unknown loss aggregation {mode!r}; expected 'token' or 'sequence'")
 
 
+def sft_loss(log_probs: Tensor) -> Tensor:
+    """Per-token negative log-likelihood (slime's `sft_loss`): the trained tokens are targets, so
+    neither advantages nor the engine's log-probs take part."""
+    return -log_probs
+
+
 def policy_loss(
     cfg: LossConfig, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token policy-gradient loss of `cfg.policy_loss`, plus diagnostics (clip fraction, PPO KL)."""
+    """Per-token loss of `cfg.loss_type`: the policy-gradient loss of `cfg.policy_loss`, with its
+    diagnostics (clip fraction, PPO KL), or the SFT loss."""
+    if cfg.loss_type == "sft_loss":
+        return sft_loss(log_probs), {}
     eps_high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
     if cfg.policy_loss == "cispo":
         loss, is_clipped = cispo_loss(log_probs, old_log_probs, advantages, cfg.eps_clip, eps_high)

@@ -37,6 +37,13 @@ def test_each_run_of_sampled_tokens_is_one_turn():
     assert [tok for t in turns for tok in t.prompt_ids + t.output_ids] == sample.tokens
 
 
+def test_a_later_sample_of_a_session_starts_its_own_segment():
+    sample = Sample(tokens=[1, 2, 3], response_length=1, loss_mask=[1], rollout_log_probs=[-0.5], weight_versions=["3"])
+    (turn,) = sample_to_turns("s", sample, first_turn=2, segment=1)
+    assert (turn.turn_index, turn.segment_index, turn.split_reason) == (2, 1, "returned_sample")
+    assert turn.weight_versions == [3]  # SGLang's string versions are read as ints
+
+
 def test_sample_without_logprobs_is_refused():
     with pytest.raises(ValueError, match="no rollout_log_probs"):
         sample_to_turns("s", Sample(tokens=[1, 2], response_length=1, loss_mask=[1]))

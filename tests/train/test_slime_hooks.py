@@ -9,7 +9,7 @@ import pytest
 from slimeish.buffer import BufferConfig
 from slimeish.buffer.rules import Member, judge
 from slimeish.common.sample import Sample
-from slimeish.rollout import RolloutFnTrainOutput
+from slimeish.rollout import GENERATE_SIGNATURE, RolloutFnTrainOutput, generated_samples
 from slimeish.rollout.dynamic_filter import DYNAMIC_FILTER_SIGNATURE, DynamicFilter
 from slimeish.rollout.filter_hub.base_types import DynamicFilterOutput
 from slimeish.train.producer import train_output
@@ -78,3 +78,13 @@ def test_a_rollout_function_may_return_a_bare_list_of_groups():
     assert train_output(groups) == RolloutFnTrainOutput(samples=groups)
     with pytest.raises(TypeError, match="expected RolloutFnTrainOutput or a list of groups"):
         train_output({"samples": groups})
+
+
+def test_a_generate_function_may_return_a_sample_or_a_list_and_nothing_else():
+    one, two = Sample(index=0), Sample(index=0)
+    assert generated_samples(one, "gen") == [one]
+    assert generated_samples([one, two], "gen") == [one, two]
+    for wrong in (None, True, {"tokens": []}, [], [one, "x"]):
+        with pytest.raises(TypeError, match="gen returned") as exc:
+            generated_samples(wrong, "gen")
+        assert GENERATE_SIGNATURE in str(exc.value)

@@ -1,9 +1,13 @@
 """slime's hooks through `slimeish train`: a dict reward resolved by --reward-key, and slime's
 zero-variance dynamic filter dropping groups, counted in metrics.jsonl."""
 
+import asyncio
+
 import pytest
 
-from tests.train.test_train_e2e import metrics, prompts, run_train, train_argv, valkey  # noqa: F401
+from slimeish.buffer import Buffer
+from slimeish.common.sample import Sample
+from tests.train.test_train_e2e import ledger, metrics, prompts, run_train, train_argv, valkey  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -20,3 +24,38 @@ def test_dynamic_filter_drops_zero_variance_groups_and_counts_them(tiny_model, p
     dropped = sum(r.get("rollout/dynamic_filter/drop_zero_std_1.0", 0) for r in steps)
     assert dropped >= 2 and dropped == sum(r["buffer/groups_filtered"] for r in steps)
     assert all(r["rollout/reward_mean"] == 0.5 for r in steps)  # only the odd groups were trained on
+
+
+def test_a_slime_generate_posting_to_the_root_generate_trains(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+    """The plugin calls the engine itself: its samples are recorded from what it returns, tool
+    result (mask 0) included, and trained on with the exact sampled log-probs."""
+    run_dir = tmp_path / "root-generate"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "2", "--run-id", "root-generate")
+    argv += ["--custom-generate-function-path", "tests.train.slime_style_plugins.generate_with_tool"]
+    run_train(argv, tmp_path / "root-generate.log")
+    steps = [r for r in metrics(run_dir) if "train/loss" in r]
+    assert len(steps) == 2
+    assert all(r["train/rollout_logprob_abs_diff_max"] <= 1e-4 for r in steps)
+    groups = [g for line in ledger(run_dir) for g in line["groups"]]
+    assert len(groups) == len(set(groups)) == 4
+    samples = asyncio.run(stored_samples(valkey.url, "root-generate"))
+    assert samples and all(0 in s.loss_mask and 1 in s.loss_mask for s in samples)  # tool result kept, masked
+    assert all(s.reward is not None and s.weight_versions for s in samples)
+
+
+async def stored_samples(url: str, run_id: str) -> list[Sample]:
+    async with Buffer(url, run_id) as buf:
+        return [s async for s in buf.iter_samples()]
+
+
+def test_a_slime_generate_returning_a_list_trains_each_sample(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+    """Each returned sample becomes one segment of its member's session, trained with its reward."""
+    run_dir = tmp_path / "list-generate"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "1", "--run-id", "list-generate")
+    argv += ["--custom-generate-function-path", "tests.train.slime_style_plugins.generate_two_samples"]
+    run_train(argv, tmp_path / "list-generate.log")
+    assert len([r for r in metrics(run_dir) if "train/loss" in r]) == 1
+    samples = asyncio.run(stored_samples(valkey.url, "list-generate"))
+    assert len(samples) == 2 * 2 * 2  # 2 groups x 2 members x 2 returned samples
+    assert sorted(s.segment_index for s in samples) == [0] * 4 + [1] * 4
+    assert all(s.reward == float(s.index % 2) for s in samples)

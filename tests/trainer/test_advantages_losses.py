@@ -126,3 +126,16 @@ def test_split_episode_counts_once_in_its_group_baseline():
     torch.testing.assert_close(adv, expected)
     # Counting each segment as a member would give a different (biased) baseline.
     assert not torch.allclose(adv, group_normalized_advantages(rewards, [0] * 5, eps=0.0))
+
+
+def test_sft_loss_is_the_nll_of_the_trained_tokens_and_ignores_advantages():
+    log_p = torch.tensor([[-0.5, -2.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    cfg = LossConfig(loss_type="sft_loss")
+    per_token, stats = L.policy_loss(cfg, log_p, torch.zeros(1, 3), torch.full((1, 3), 9.0), mask)
+    loss = L.aggregate(per_token, mask, "token", normalizer=2.0)
+    assert loss.item() == pytest.approx(1.25) and stats == {}
+    loss.backward()
+    assert log_p.grad is not None and log_p.grad.tolist() == [[-0.5, -0.5, 0.0]]  # raises the targets' likelihood
+    with pytest.raises(ValueError, match="drop --tis"):
+        LossConfig(loss_type="sft_loss", tis=True)
