@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from slimeish.router.api_v1 import completions, generate
 from slimeish.router.dialects.chat import chat_completions
 from slimeish.router.dialects.messages import count_tokens, messages
+from slimeish.router.dialects.responses import responses
 from slimeish.router.errors import APIError, as_api_error, error_response
 
 TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
@@ -29,6 +30,7 @@ TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
 _ANONYMOUS: dict[str, TurnEndpoint] = {
     "/v1/chat/completions": chat_completions,
     "/v1/completions": completions,
+    "/v1/responses": responses,
     "/v1/messages": messages,
     "/v1/messages/count_tokens": count_tokens,
 }

@@ -254,7 +254,7 @@ class StreamShape:
     """How a dialect's stream tells an error, and keeps an idle client listening."""
 
     error: ErrorEvent
-    keepalive: bytes | None = None
+    keepalive: Callable[[], bytes] | None = None
 
 
 def stream_response(
@@ -307,11 +307,15 @@ async def _recorded(
                 raise
             yield shape.error(error)
             return
+    for then in result.on_recorded:
+        then()
     for event in result.closing:
         yield event
 
 
-async def with_keepalive(events: AsyncIterator[bytes], keepalive: bytes | None, every: float) -> AsyncIterator[bytes]:
+async def with_keepalive(
+    events: AsyncIterator[bytes], keepalive: Callable[[], bytes] | None, every: float
+) -> AsyncIterator[bytes]:
     """`events`, with `keepalive` sent whenever `every` seconds pass without one: clients with
     idle watchdogs decode it as an event, so a long generation is not dropped."""
     if keepalive is None or every <= 0:
@@ -323,7 +327,7 @@ async def with_keepalive(events: AsyncIterator[bytes], keepalive: bytes | None, 
         while True:
             done, _ = await asyncio.wait({pending}, timeout=every)
             if not done:
-                yield keepalive
+                yield keepalive()
                 continue
             try:
                 event = pending.result()

@@ -71,6 +71,9 @@ class Session:
     engine: str | None = None  # sticky engine URL (prefix-cache reuse)
     turns: int = 0
     finished: FinishSession | None = None
+    # Responses API `store`: each stored response's conversation (chat messages, its reply last),
+    # which a later turn continues with `previous_response_id`.
+    responses: dict[str, list[dict]] = field(default_factory=dict)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
     finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
     inflight: int = 0  # turns between request and record (or failure)
@@ -105,6 +108,7 @@ class Session:
         self.finished = finish
         self._final = self.summary()
         self.capture.segments = []
+        self.responses = {}
 
     def summary(self) -> dict[str, Any]:
         if self._final is not None:

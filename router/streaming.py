@@ -97,6 +97,7 @@ class StreamedTurn:
     generations: list[Generation] = field(default_factory=list)
     answers: list[Any] = field(default_factory=list)
     closing: list[bytes] = field(default_factory=list)  # last deltas and finish reasons, sent after recording
+    on_recorded: list[Callable[[], None]] = field(default_factory=list)  # what a dialect keeps of a recorded turn
 
 
 @dataclass

@@ -74,7 +74,8 @@ async def stream_chat(
     usage = head if req.stream_options and req.stream_options.include_usage else None
     events = openai_closed(events, result, usage, len(planned.plan.input_ids))
     keepalive = sse({**head, "choices": [{"index": 0, "delta": {}}]})  # an empty delta: decoded, changes nothing
-    return stream_response(state, turn, planned.plan, events, result, started, StreamShape(_error_event, keepalive))
+    shape = StreamShape(_error_event, lambda: keepalive)
+    return stream_response(state, turn, planned.plan, events, result, started, shape)
 
 
 async def chat_events(

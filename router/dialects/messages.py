@@ -298,7 +298,8 @@ def _error_event(e: APIError) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(e.anthropic_body()) + b"\n\n"
 
 
-_SHAPE = StreamShape(_error_event, event("ping", {}))
+_PING = event("ping", {})
+_SHAPE = StreamShape(_error_event, lambda: _PING)
 
 
 async def _stream(state: RouterState, turn: InFlight, planned: PlannedTurn, model: str, started: float) -> Response:
