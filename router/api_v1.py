@@ -23,6 +23,7 @@ from slimeish.router.pipeline import (
     in_flight,
     parse,
     read_json,
+    record,
     run_turn,
     sampling_params,
     serve_turn,
@@ -63,9 +64,7 @@ async def _completion(state: RouterState, turn: InFlight, body: dict, started: f
     texts = [g.text for g in gens]
     logprobs = [R.completion_logprobs(state.renderer, g) for g in gens] if req.logprobs is not None else None
     out = R.text_completion(req.model or state.model_name, texts, gens, len(plan.input_ids), logprobs)
-    if session is not None:
-        answers: list = texts if text_prompt else [None] * len(gens)
-        await state.runner.record(session, plan, gens, answers, started)
+    await record(state, turn, plan, gens, texts if text_prompt else [None] * len(gens), started)
     return R.json_response(out)
 
 

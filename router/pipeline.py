@@ -61,8 +61,12 @@ class PlannedTurn:
 
 
 async def read_json(request: Request) -> dict[str, Any]:
+    return loads_json(await request.body())
+
+
+def loads_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise APIError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
@@ -115,6 +119,7 @@ class InFlight:
     it). A streamed turn is handed to its response body, which ends it when the stream ends."""
 
     session: Session | None
+    request: Request | None = None  # to tell whether the client is still there to receive the answer
     handed_off: bool = False
     ended: bool = False
 
@@ -125,10 +130,10 @@ class InFlight:
 
 
 @contextlib.contextmanager
-def in_flight(session: Session | None) -> Iterator[InFlight]:
+def in_flight(session: Session | None, request: Request | None = None) -> Iterator[InFlight]:
     if session is not None:
         session.begin_turn()
-    turn = InFlight(session)
+    turn = InFlight(session, request)
     try:
         yield turn
     finally:
@@ -140,11 +145,29 @@ TurnHandler = Callable[[RouterState, InFlight, dict, float], Awaitable[Response]
 
 
 async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler) -> Response:
-    """A turn endpoint: resolve the session, count the turn in flight on it, hand `handler` the body."""
+    """A turn endpoint: resolve the session, count the turn in flight on it, hand `handler` the body.
+    An SDK's retry of the session's last non-streamed request gets that request's answer again."""
     state, started = get_state(request), time.time()
     session = resolve_session(state, request, api_key)
-    with in_flight(session) as turn:
-        return await handler(state, turn, await read_json(request), started)
+    raw = await request.body()
+    if session is not None and (answer := replayed(session, request, raw)) is not None:
+        return answer
+    with in_flight(session, request) as turn:
+        response = await handler(state, turn, loads_json(raw), started)
+    if session is not None and not isinstance(response, StreamingResponse):
+        session.last_answer = (raw, bytes(response.body), response.media_type)
+    return response
+
+
+def replayed(session: Session, request: Request, raw: bytes) -> Response | None:
+    """The recorded answer to this same request, when the SDK says it is retrying it
+    (`x-stainless-retry-count`, sent by the openai and anthropic SDKs): the agent gets the turn it
+    missed, and the episode stays one trajectory (a second turn would fork it)."""
+    retry = request.headers.get("x-stainless-retry-count", "0")
+    if retry in ("", "0") or session.last_answer is None or session.last_answer[0] != raw:
+        return None
+    _, body, media_type = session.last_answer
+    return Response(body, media_type=media_type, headers={"x-slimeish-replayed": "true"})
 
 
 def sampling_params(
@@ -341,11 +364,16 @@ async def with_keepalive(
 
 async def record(
     state: RouterState,
-    session: Session | None,
-    turn: PlannedTurn,
+    turn: InFlight,
+    plan: TurnPlan,
     gens: list[Generation],
     answers: list,
     started: float,
 ) -> None:
-    if session is not None:
-        await state.runner.record(session, turn.plan, gens, answers, started)
+    """Record a non-streamed turn, unless its client went away: an answer nobody received must not
+    become a training sample (the SDK's retry, answered anew, is the turn)."""
+    if turn.session is None:
+        return
+    if turn.request is not None and await turn.request.is_disconnected():
+        raise APIError(499, "the client went away before its answer; the turn is not recorded", code="client_gone")
+    await state.runner.record(turn.session, plan, gens, answers, started)

@@ -74,6 +74,8 @@ class Session:
     # Responses API `store`: each stored response's conversation (chat messages, its reply last),
     # which a later turn continues with `previous_response_id`.
     responses: dict[str, list[dict]] = field(default_factory=dict)
+    # The last non-streamed request's body and its answer (body, media type), replayed to an SDK's retry.
+    last_answer: tuple[bytes, bytes, str | None] | None = None
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
     finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
     inflight: int = 0  # turns between request and record (or failure)
@@ -108,7 +110,7 @@ class Session:
         self.finished = finish
         self._final = self.summary()
         self.capture.segments = []
-        self.responses = {}
+        self.responses, self.last_answer = {}, None
 
     def summary(self) -> dict[str, Any]:
         if self._final is not None:

@@ -56,7 +56,7 @@ async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) 
     gens, messages = await generate_replies(state, session, planned, extra)
     logprobs = [R.chat_logprobs(state.renderer, g) for g in gens] if req.logprobs else None
     out = R.chat_completion(req.model or state.model_name, messages, gens, len(planned.plan.input_ids), logprobs)
-    await record(state, session, planned, gens, messages, started)
+    await record(state, turn, planned.plan, gens, messages, started)
     return R.json_response(out)
 
 

@@ -244,7 +244,7 @@ async def _messages(state: RouterState, turn: InFlight, body: dict, started: flo
         return await _stream(state, turn, planned, model, started)
     gens, replies = await generate_replies(state, turn.session, planned)
     out = message_body(model, gens[0], replies[0], len(planned.plan.input_ids), planned.params.get("stop", []))
-    await record(state, turn.session, planned, gens, replies, started)
+    await record(state, turn, planned.plan, gens, replies, started)
     return R.json_response(out)
 
 

@@ -240,7 +240,7 @@ async def _responses(state: RouterState, turn: InFlight, body: dict, started: fl
         return await _stream(state, turn, planned, shell, kept, req.store, started)
     gens, replies = await generate_replies(state, session, planned)
     out = {**shell, **finished(gens[0], replies[0], len(planned.plan.input_ids))}
-    await record(state, session, planned, gens, replies, started)
+    await record(state, turn, planned.plan, gens, replies, started)
     if session is not None and req.store:
         session.responses[shell["id"]] = [*kept, replies[0]]
     return R.json_response(out)
