@@ -76,6 +76,7 @@ class Session:
     responses: dict[str, list[dict]] = field(default_factory=dict)
     # The last non-streamed request's body and its answer (body, media type), replayed to an SDK's retry.
     last_answer: tuple[bytes, bytes, str | None] | None = None
+    converted: dict[str, Any] = field(default_factory=dict)  # per dialect: its last conversion (dialects.incremental)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
     finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
     inflight: int = 0  # turns between request and record (or failure)
@@ -110,7 +111,7 @@ class Session:
         self.finished = finish
         self._final = self.summary()
         self.capture.segments = []
-        self.responses, self.last_answer = {}, None
+        self.responses, self.last_answer, self.converted = {}, None, {}
 
     def summary(self) -> dict[str, Any]:
         if self._final is not None:

@@ -16,9 +16,10 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slimeish.router import responses as R
+from slimeish.router.dialects.incremental import convert
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.pipeline import (
     Conversation,
@@ -36,6 +37,7 @@ from slimeish.router.pipeline import (
 )
 from slimeish.router.render import TemplateError
 from slimeish.router.schemas import NamedToolChoice, SamplingFields, Tool, TopK
+from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
 from slimeish.router.turns import Generation
@@ -102,7 +104,7 @@ class ToolChoiceParam(BaseModel):
 class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")  # metadata, service_tier, thinking: accepted, ignored
     model: str | None = None
-    messages: list[MessageParam] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)  # checked one by one (`_converted`): only those a turn adds
     system: str | list[TextBlock] | None = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoiceParam | None = None
@@ -144,7 +146,7 @@ def _checked_tools(body: dict) -> dict:
     return body
 
 
-def conversation(req: MessagesRequest) -> Conversation:
+def conversation(req: MessagesRequest, session: Session | None) -> Conversation:
     sampling = SamplingFields(
         n=1,
         max_tokens=req.max_tokens,
@@ -153,23 +155,39 @@ def conversation(req: MessagesRequest) -> Conversation:
         top_k=req.top_k,
         stop=req.stop_sequences,
     )
-    return Conversation(chat_messages(req), chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
+    messages = [*_system(req), *convert(session, "messages", req.messages, _converted)]
+    return Conversation(messages, chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
 
 
 def chat_messages(req: CountTokensRequest) -> list[dict]:
+    """The whole request as chat messages."""
+    return [*_system(req), *_converted(req.messages, 0, frozenset())[0]]
+
+
+def _system(req: CountTokensRequest) -> list[dict]:
+    return [{"role": "system", "content": _text(req.system)}] if req.system else []
+
+
+_MESSAGE: TypeAdapter[MessageParam] = TypeAdapter(MessageParam)
+
+
+def _converted(raw: list[Any], start: int, calls: frozenset[str]) -> tuple[list[dict], frozenset[str]]:
+    """Messages `start`.. validated and converted; `calls` are the tool_use ids of the assistant
+    message before them, which a tool_result may answer."""
     out: list[dict] = []
-    if req.system:
-        out.append({"role": "system", "content": _text(req.system)})
-    calls: set[str] = set()  # the tool_use ids of the previous assistant message
-    for i, m in enumerate(req.messages):
+    for i in range(start, len(raw)):
+        try:
+            m = _MESSAGE.validate_python(raw[i])
+        except ValidationError as e:
+            raise from_validation_error(e, f"messages.{i}") from None
         blocks: list = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         if m.role == "assistant":
             out.append(_assistant(blocks, i))
-            calls = {b.id for b in blocks if isinstance(b, ToolUseBlock)}
+            calls = frozenset(b.id for b in blocks if isinstance(b, ToolUseBlock))
         else:
             out += _user(blocks, i, calls)
-            calls = set()
-    return out
+            calls = frozenset()
+    return out, calls
 
 
 def _assistant(blocks: list, i: int) -> dict:
@@ -188,7 +206,7 @@ def _assistant(blocks: list, i: int) -> dict:
     return message
 
 
-def _user(blocks: list, i: int, calls: set[str]) -> list[dict]:
+def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
     results, text = [], ""
     for j, b in enumerate(blocks):
         if isinstance(b, ToolResultBlock):
@@ -238,7 +256,7 @@ def _tool_choice(req: CountTokensRequest) -> str | NamedToolChoice | None:
 
 async def _messages(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
     req: MessagesRequest = parse(MessagesRequest, _checked_tools(body))
-    planned = plan_turn(state, turn.session, conversation(req))
+    planned = plan_turn(state, turn.session, conversation(req, turn.session))
     model = req.model or state.model_name
     if req.stream:
         return await _stream(state, turn, planned, model, started)

@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from slimeish.router import responses as R
+from slimeish.router.dialects.incremental import convert
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.pipeline import (
     Conversation,
@@ -91,10 +92,10 @@ _INPUT_ITEM: TypeAdapter[Any] = TypeAdapter(
 )
 
 
-def items(raw: list[Any]) -> list[Any]:
-    """The input items, validated: a 400 names the first bad one (`input.3.content.0.type`)."""
+def items(raw: list[Any], start: int = 0) -> list[Any]:
+    """The input items from `start`, validated: a 400 names the first bad one (`input.3.content.0.type`)."""
     out = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(raw[start:], start):
         try:
             out.append(_INPUT_ITEM.validate_python(item))
         except ValidationError as e:
@@ -186,13 +187,26 @@ def history(session: Session | None, req: ResponsesRequest) -> list[dict]:
     return stored
 
 
-def chat_messages(raw: str | list, before: list[dict]) -> list[dict]:
+def chat_messages(session: Session | None, raw: str | list, before: list[dict]) -> list[dict]:
     """The input as chat messages after `before` (whose calls a function_call_output may answer)."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
+    if before:
+        return _converted(raw, 0, frozenset(c["id"] for m in before for c in m.get("tool_calls") or ()))[0]
+    return convert(session, "responses", raw, _converted, _resumable)
+
+
+def _resumable(raw: list[Any], start: int) -> bool:
+    """A function_call right after an assistant item belongs to that item's message: convert all."""
+    return not (
+        _item_type(raw[start]) == "function_call" and _item_type(raw[start - 1]) in ("function_call", "message")
+    )
+
+
+def _converted(raw: list[Any], start: int, open_calls: frozenset[str]) -> tuple[list[dict], frozenset[str]]:
     out: list[dict] = []
-    calls = {c["id"] for m in before for c in m.get("tool_calls") or ()}
-    for i, item in enumerate(items(raw)):
+    calls = set(open_calls)
+    for i, item in enumerate(items(raw, start), start):
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
             out.append({"role": role, "content": _text(item.content)})
@@ -214,16 +228,18 @@ def chat_messages(raw: str | list, before: list[dict]) -> list[dict]:
                     param=f"input.{i}",
                 )
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
-    return [{**m, "content": m["content"] or None} if m["role"] == "assistant" else m for m in out]
+    messages = [{**m, "content": m["content"] or None} if m["role"] == "assistant" else m for m in out]
+    return messages, frozenset(calls)
 
 
 def _text(content: str | list[TextPart]) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
-def conversation(req: ResponsesRequest, before: list[dict]) -> tuple[Conversation, list[dict]]:
+def conversation(req: ResponsesRequest, session: Session | None) -> tuple[Conversation, list[dict]]:
     """The conversation, and its messages without `instructions` (what `store` keeps)."""
-    kept = [*before, *chat_messages(req.input, before)]
+    before = history(session, req)
+    kept = [*before, *chat_messages(session, req.input, before)]
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     sampling = SamplingFields(n=1, max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p)
     conv = Conversation([*system, *kept], chat_tools(req), sampling, req.max_output_tokens, _tool_choice(req))
@@ -233,7 +249,7 @@ def conversation(req: ResponsesRequest, before: list[dict]) -> tuple[Conversatio
 async def _responses(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
     session = turn.session
     req: ResponsesRequest = parse(ResponsesRequest, _checked_tools(body))
-    conv, kept = conversation(req, history(session, req))
+    conv, kept = conversation(req, session)
     planned = plan_turn(state, session, conv)
     shell = response_shell(req, req.model or state.model_name)
     if req.stream:
