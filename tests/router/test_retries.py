@@ -7,6 +7,7 @@ that a client with a shorter timeout gives up and its SDK retries.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -30,8 +31,6 @@ class FirstCallHeld:
         self.app.add_api_route("/{path:path}", self.forward, methods=["GET", "POST"])
 
     async def forward(self, path: str, request: Request) -> Response:
-        import asyncio
-
         first = path == "generate" and self.calls == 0
         self.calls += path == "generate"
         async with httpx.AsyncClient(timeout=60) as client:
