@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from slimeish.router.capture import Capture
-from slimeish.router.dialects.messages import MessagesRequest, chat_messages, content_blocks
+from slimeish.router.dialects.messages import MessagesRequest, chat_messages, content_blocks, stop_reason
+from slimeish.router.turns import Generation
 from tests.router.test_openai_sdk import assert_exact_capture
 
 TOOLS = [
@@ -203,3 +204,15 @@ def test_unknown_paths_and_methods_under_messages_are_anthropic_shaped(router_ap
     unknown = {"x-api-key": "sk-slimeish-nope"}
     r = httpx.post(router_app.url + "/v1/messages", json=GOOD, headers=unknown)
     assert_anthropic_error(r, 401, "authentication_error")
+
+
+def gen(finish: dict) -> Generation:
+    return Generation([5], [-0.1], "x", finish["type"], [0], "e", {"meta_info": {"finish_reason": finish}})
+
+
+def test_stop_reasons():
+    text, call = {"role": "assistant", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [{}]}
+    assert stop_reason(gen({"type": "stop", "matched": 2}), text, ["END"]) == ("end_turn", None)  # eos
+    assert stop_reason(gen({"type": "stop", "matched": "END"}), text, ["END"]) == ("stop_sequence", "END")
+    assert stop_reason(gen({"type": "length", "length": 1}), text, []) == ("max_tokens", None)
+    assert stop_reason(gen({"type": "stop", "matched": 2}), call, []) == ("tool_use", None)
