@@ -6,6 +6,7 @@ are measured. Three paths reach it:
   smg      client -> smg router -> stand-in /generate       (SGLang's Rust router)
   token-in client -> slimeish /s/<key>/generate -> stand-in (captured, like smg's input)
   chat     client -> slimeish /v1/chat/completions -> stand-in (render, capture, OpenAI reply)
+  responses, messages (with --dialect): the same episode over /v1/responses or /v1/messages
 Each session runs multi-turn episodes: every turn sends the previous tokens (or messages) plus a
 short new user message. Run by hand:  .venv/bin/python bench/router_overhead.py
 The client, the router and the stand-in share the machine's cores; the numbers include that. The
@@ -128,7 +129,9 @@ async def session_urls(stack: Stack, path: str, n: int) -> list[str]:
         sessions = [await post_json(client, stack.router + "/sessions", {}) for _ in range(n)]
     if path == "token-in":
         return [f"{stack.router}/s/{s['api_key']}/generate" for s in sessions]
-    return [s["base_url"] + "/chat/completions" for s in sessions]
+    if path == "messages":  # Anthropic's base URL is the session's without /v1
+        return [s["base_url"].removesuffix("/v1") + "/v1/messages" for s in sessions]
+    return [s["base_url"] + ("/responses" if path == "responses" else "/chat/completions") for s in sessions]
 
 
 async def run_load(
@@ -170,7 +173,7 @@ async def run_load(
         "rps": len(lat) / wall,
         "p50_ms": 1000 * lat[len(lat) // 2],
         "p99_ms": 1000 * lat[int(len(lat) * 0.99)],
-        "router_cpu_ms": 1000 * cpu / len(lat) if path in ("token-in", "chat") else None,
+        "router_cpu_ms": 1000 * cpu / len(lat) if path not in ("direct", "smg") else None,
     }
 
 
@@ -201,15 +204,24 @@ async def turn_costs(stack: Stack, path: str, sessions: int, turns: int) -> tupl
 
 
 def _stepper(path: str, url: str):
-    """One turn per call of a growing episode (token-in ids or chat messages)."""
+    """One turn per call of a growing episode (token-in ids, or messages / items in a dialect)."""
     ids = list(USER_TAIL)
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count with me"}]
+    messages: list[dict] = [{"role": "user", "content": "count with me"}]
+    system = "You are terse."
 
     async def step(client: aiohttp.ClientSession) -> None:
         nonlocal ids
+        more = {"role": "user", "content": f"and {len(messages)}"}
         if path == "chat":
-            r = await post_json(client, url, {"model": "m", "messages": messages, "max_tokens": OUTPUT_LEN})
-            messages.extend([r["choices"][0]["message"], {"role": "user", "content": f"and {len(messages)}"}])
+            body = {"model": "m", "messages": [{"role": "system", "content": system}, *messages]}
+            r = await post_json(client, url, {**body, "max_tokens": OUTPUT_LEN})
+            messages.extend([r["choices"][0]["message"], more])
+        elif path == "responses":
+            body = {"model": "m", "instructions": system, "input": messages, "max_output_tokens": OUTPUT_LEN}
+            messages.extend([*(await post_json(client, url, body))["output"], more])
+        elif path == "messages":
+            body = {"model": "m", "system": system, "messages": messages, "max_tokens": OUTPUT_LEN}
+            messages.extend([{"role": "assistant", "content": (await post_json(client, url, body))["content"]}, more])
         else:
             r = await post_json(client, url, {"input_ids": ids, "sampling_params": {"max_new_tokens": OUTPUT_LEN}})
             ids = ids + r["output_ids"] + USER_TAIL
@@ -235,7 +247,7 @@ def table(rows: list[dict], direct: dict[int, dict]) -> str:
 async def bench(args: argparse.Namespace, stack: Stack) -> str:
     rows, direct = [], {}
     for concurrency in args.concurrency:
-        for path in ("direct", "smg", "token-in", "chat"):
+        for path in ("direct", "smg", "token-in", "chat", *args.dialect):
             await run_load(stack, path, concurrency, 2)  # warm-up (connections, caches)
             row = await run_load(stack, path, concurrency, args.turns, args.think_ms / 1000, args.think_dist)
             rows.append(row)
@@ -253,7 +265,7 @@ async def bench(args: argparse.Namespace, stack: Stack) -> str:
         f"| client latency ms, turn 1 | {late} |",
         "|" + "---|" * 7,
     ]
-    for path in ("token-in", "chat"):
+    for path in ("token-in", "chat", *args.dialect):
         cpu, wall = await turn_costs(stack, path, args.sessions, args.long_turns)
         early, last = statistics.median(cpu[1:6]), statistics.median(cpu[-5:])
         lines.append(
@@ -275,6 +287,10 @@ def main() -> None:
     parser.add_argument(
         "--think-dist", choices=("exp", "fixed"), default="exp",
         help="pauses drawn from an exponential distribution of mean --think-ms (independent agents), or all equal",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dialect", nargs="+", choices=("responses", "messages"), default=[],
+        help="also run the episodes over these dialects, beside chat",
     )  # fmt: skip
     parser.add_argument("--no-long", action="store_true", help="skip the per-turn cost of long episodes")
     parser.add_argument("--long-turns", type=int, default=100, help="turns of the long episode")

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from slimeish.buffer import SessionInfo
-from slimeish.router.api_v1 import bearer_token, parse, read_json
 from slimeish.router.errors import APIError
+from slimeish.router.pipeline import bearer_token, parse, read_json
 from slimeish.router.sessions import Closed, CreateSession, FinishSession, Session
 from slimeish.router.state import RouterState, get_state
 from slimeish.router.storage import STORE_ERRORS, StoreUnavailable

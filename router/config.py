@@ -27,4 +27,7 @@ class RouterConfig:
     finish_timeout: float = help_field(
         30.0, help="seconds a session finish waits for the session's generating turns to be recorded"
     )
+    stream_keepalive: float = help_field(
+        5.0, help="seconds without an event after which a stream sends one its client decodes (ping); 0 = never"
+    )
     keep_finished: int = help_field(10_000, help="finished sessions whose summary GET /sessions/{id} still returns")

@@ -2,9 +2,10 @@
 
 Every agent turn passes through here, so this path's cost is the router's cost per turn. FastAPI's
 own path (five middlewares, dependency solving, a wrapper around every `send`) was about a
-quarter of the router's CPU time per chat turn (py-spy, docs/benchmarks.md). The five POST
-routes below are matched on the path string and answered by the handlers in `slimeish.router.api_v1`,
-with the same error bodies (`as_api_error`) and metrics as every other endpoint. All other
+quarter of the router's CPU time per chat turn (py-spy, docs/benchmarks.md). The POST routes
+below are matched on the path string and answered by each dialect's handler
+(`slimeish.router.dialects`) or `slimeish.router.api_v1`, with the same error bodies
+(`as_api_error`, in the shape of the path's API) and metrics as every other endpoint. All other
 requests (sessions, admin, `/v1/models`, `/metrics`, `/health`, the OpenAPI docs) go through
 FastAPI as usual.
 """
@@ -17,17 +18,27 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from slimeish.router.api_v1 import chat_completions, completions, generate
+from slimeish.router.api_v1 import completions, generate
+from slimeish.router.dialects.chat import chat_completions
+from slimeish.router.dialects.messages import count_tokens, messages
+from slimeish.router.dialects.responses import responses
 from slimeish.router.errors import APIError, as_api_error, error_response
 from slimeish.router.native import engine_generate
 
 TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
 
-# Served with a session key in the path (`/s/<key>...`) or in the Authorization header.
-_OPENAI: dict[str, TurnEndpoint] = {"/v1/chat/completions": chat_completions, "/v1/completions": completions}
-# The root /generate is SGLang's native path, forwarded uncaptured (router/native.py).
-_ANONYMOUS: dict[str, TurnEndpoint] = {**_OPENAI, "/generate": engine_generate}
-_PER_SESSION: dict[str, TurnEndpoint] = {**_OPENAI, "/generate": generate}
+# Served with a session key in the path (`/s/<key>...`) or in a header (Bearer, x-api-key).
+_AGENT_APIS: dict[str, TurnEndpoint] = {
+    "/v1/chat/completions": chat_completions,
+    "/v1/completions": completions,
+    "/v1/responses": responses,
+    "/v1/messages": messages,
+    "/v1/messages/count_tokens": count_tokens,
+}
+# The root /generate is SGLang's native path, forwarded uncaptured (router/native.py); under a
+# session's path it is the captured token-in endpoint.
+_ANONYMOUS: dict[str, TurnEndpoint] = {**_AGENT_APIS, "/generate": engine_generate}
+_PER_SESSION: dict[str, TurnEndpoint] = {**_AGENT_APIS, "/generate": generate}
 
 
 def match_turn_route(path: str) -> tuple[str, TurnEndpoint, str | None] | None:
@@ -49,10 +60,15 @@ async def serve_turn_route(app: FastAPI, route: tuple[str, TurnEndpoint, str | N
     try:
         try:
             if scope["method"] != "POST":
-                raise APIError(405, f"{endpoint} takes POST, not {scope['method']}", code="method_not_allowed")
+                raise APIError(
+                    405,
+                    f"{endpoint} takes POST, not {scope['method']}",
+                    code="method_not_allowed",
+                    headers={"Allow": "POST"},
+                )
             response = await handler(request, api_key)
         except Exception as e:
-            response = error_response(as_api_error(e, scope["method"], scope["path"]))
+            response = error_response(as_api_error(e, scope["method"], scope["path"]), endpoint)
         status = response.status_code
         await response(scope, receive, send)
     finally:

@@ -1,9 +1,11 @@
-"""Every error the router answers, in OpenAI's shape, and the one table from exceptions to it.
+"""Every error the router answers, in the shape of the API it was asked in, and the one table from
+exceptions to it.
 
 Domain code raises its own exceptions (the engine pool's, the store's `StoreUnavailable`, the
-buffer's refusals); the HTTP layer raises `APIError`. `as_api_error` turns any exception into the
-body `{"error": {"message", "type", "param", "code"}}` with its status; an unexpected one is a 500
-whose details stay in the log.
+buffer's refusals); the HTTP layer raises `APIError`. `as_api_error` turns any exception into an
+`APIError` with its status; an unexpected one is a 500 whose details stay in the log. The body is
+OpenAI's `{"error": {"message", "type", "param", "code"}}`, except under `/v1/messages`, where it
+is Anthropic's `{"type": "error", "error": {"type", "message"}}`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,29 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_path(path: str) -> bool:
+    """Whether `path` (with or without a session's `/s/<key>`) is under Anthropic's `/v1/messages`."""
+    if path.startswith("/s/"):
+        path = "/" + path[3:].partition("/")[2]
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
 
 def _server_error(status: int, code: str) -> Callable[[Exception], APIError]:
     return lambda e: APIError(status, str(e), type="server_error", code=code)
@@ -66,7 +91,8 @@ _BY_TYPE: dict[type[Exception], Callable[[Any], APIError]] = {
 
 # Shown with every unknown path, so that a misconfigured client learns where to point.
 _SERVED = (
-    "the router serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models (also under a "
+    "the router serves POST /v1/chat/completions, POST /v1/responses, POST /v1/messages (Anthropic), "
+    "POST /v1/messages/count_tokens, POST /v1/completions and GET /v1/models (also under a "
     "session's base_url /s/<api_key>/v1), POST /s/<api_key>/generate (token-in), /sessions and /admin/* "
     "(operators), GET /health and GET /metrics; see docs/router.md"
 )
@@ -112,16 +138,17 @@ def from_validation_error(e: ValidationError, prefix: str = "") -> APIError:
     return APIError(400, f"{loc}: {err['msg']}" if loc else err["msg"], param=loc or None)
 
 
-def error_response(e: APIError) -> Response:
-    """The error in OpenAI's shape, with its status."""
-    return Response(orjson.dumps(e.body()), e.status, headers=e.headers, media_type="application/json")
+def error_response(e: APIError, path: str = "") -> Response:
+    """The error in the shape of the API `path` belongs to, with its status."""
+    body = e.anthropic_body() if anthropic_path(path) else e.body()
+    return Response(orjson.dumps(body), e.status, headers=e.headers, media_type="application/json")
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every exception FastAPI's request path raises with `as_api_error`'s body."""
 
     async def api_error(request: Request, e: Exception) -> Response:
-        return error_response(as_api_error(e, request.method, request.url.path))
+        return error_response(as_api_error(e, request.method, request.url.path), request.url.path)
 
     # Starlette answers an unexpected `Exception` in its outermost middleware, then re-raises it;
     # the known ones are answered inside, like any handled error.

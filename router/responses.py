@@ -22,6 +22,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def stream_head(model: str, prefix: str, obj: str) -> dict[str, Any]:
+    return {"id": new_id(prefix), "object": obj, "created": int(time.time()), "model": model}
+
+
 def usage(prompt_tokens: int, gens: list[Generation]) -> dict[str, int]:
     completion = sum(len(g.output_ids) for g in gens)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}

@@ -71,6 +71,12 @@ class Session:
     engine: str | None = None  # sticky engine URL (prefix-cache reuse)
     turns: int = 0
     finished: FinishSession | None = None
+    # Responses API `store`: each stored response's conversation (chat messages, its reply last),
+    # which a later turn continues with `previous_response_id`.
+    responses: dict[str, list[dict]] = field(default_factory=dict)
+    # The last non-streamed request's body and its answer (body, media type), replayed to an SDK's retry.
+    last_answer: tuple[bytes, bytes, str | None] | None = None
+    converted: dict[str, Any] = field(default_factory=dict)  # per dialect: its last conversion (dialects.incremental)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
     finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
     inflight: int = 0  # turns between request and record (or failure)
@@ -105,6 +111,7 @@ class Session:
         self.finished = finish
         self._final = self.summary()
         self.capture.segments = []
+        self.responses, self.last_answer, self.converted = {}, None, {}
 
     def summary(self) -> dict[str, Any]:
         if self._final is not None:

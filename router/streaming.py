@@ -1,4 +1,4 @@
-"""Token streaming: engine SSE chunks in, OpenAI SSE chunks out, the turn recorded at the end.
+"""Token streaming: engine SSE chunks in, the text deltas every dialect streams out.
 
 The engine streams SGLang chunks, each cumulative: `text`, `output_ids` and log-probs hold everything
 generated so far (SGLang's default, without `--incremental-streaming-output`). Text is
@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from slimeish.common.finish import openai_finish_reason
+from slimeish.router.responses import usage
 from slimeish.router.tool_parser import TOOL_CALL_OPEN
 from slimeish.router.turns import Generation, parse_generation
 
@@ -96,46 +97,50 @@ class StreamedTurn:
     generations: list[Generation] = field(default_factory=list)
     answers: list[Any] = field(default_factory=list)
     closing: list[bytes] = field(default_factory=list)  # last deltas and finish reasons, sent after recording
+    on_recorded: list[Callable[[], None]] = field(default_factory=list)  # what a dialect keeps of a recorded turn
 
 
-async def chat_events(
-    chunks: AsyncIterator[tuple[dict, str]],
-    head: dict,
-    n: int,
-    parse_tools: bool,
-    stops: list[str],
-    to_message: Callable[[Generation], dict],
-    token_logprobs: Callable[[list[list]], dict] | None,
-    result: StreamedTurn,
-    *,
-    forced: str = "",
-) -> AsyncIterator[bytes]:
-    """OpenAI `chat.completion.chunk` events while the engine streams; at the end, fills `result`
-    (the closing events go there too, to be sent once the turn is recorded). `forced` is the
-    reply's start that was appended to the prompt (tool_choice): it is streamed as if sampled."""
-    accs = [ChoiceAccumulator() for _ in range(n)]
-    texts = [ContentStream(parse_tools, stops) for _ in range(n)]
-    for i in range(n):
-        yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}}]})
-    async for chunk, engine in chunks:
-        i = chunk.get("index", 0)
-        new = accs[i].add(chunk, engine)
-        delta = texts[i].delta(forced + chunk.get("text", ""))
-        if delta or (new and token_logprobs):
-            lp = token_logprobs(new) if token_logprobs else None
-            yield sse({**head, "choices": [{"index": i, "delta": {"content": delta}, "logprobs": lp}]})
-    for i in range(n):
-        gen = accs[i].generation()
-        message = to_message(gen)
-        last, content = texts[i].finish(message.get("content") or "")
-        message["content"] = content or None
-        deltas: list[dict] = [{"content": last}] if last else []
-        deltas += [{"tool_calls": [{"index": j, **c}]} for j, c in enumerate(message.get("tool_calls") or [])]
-        result.closing += [sse({**head, "choices": [{"index": i, "delta": d}]}) for d in deltas]
-        finish = openai_finish_reason(gen.finish_type, tool_calls=bool(message.get("tool_calls")))
-        result.closing.append(sse({**head, "choices": [{"index": i, "delta": {}, "finish_reason": finish}]}))
-        result.generations.append(gen)
-        result.answers.append(message)
+@dataclass
+class Delta:
+    """Text of choice `index` that is safe to send now, and the log-prob entries new in its chunk."""
+
+    index: int
+    text: str
+    entries: list[list]
+
+
+@dataclass
+class FinishedChoice:
+    generation: Generation
+    message: dict  # the assistant message recorded, exactly what the client assembled
+    last: str  # text still to send before the choice's closing events
+
+
+class ReplyStream:
+    """A turn's `n` choices followed through the engine's cumulative chunks: the deltas every
+    dialect streams, then each choice's final message. `forced` is the reply's start that was
+    appended to the prompt (tool_choice): it is streamed as if sampled."""
+
+    def __init__(self, n: int, parse_tools: bool, stops: list[str], forced: str = "") -> None:
+        self.accs = [ChoiceAccumulator() for _ in range(n)]
+        self.texts = [ContentStream(parse_tools, stops) for _ in range(n)]
+        self.forced = forced
+
+    async def deltas(self, chunks: AsyncIterator[tuple[dict, str]]) -> AsyncIterator[Delta]:
+        async for chunk, engine in chunks:
+            i = chunk.get("index", 0)
+            new = self.accs[i].add(chunk, engine)
+            yield Delta(i, self.texts[i].delta(self.forced + chunk.get("text", "")), new)
+
+    def finish(self, to_message: Callable[[Generation], dict]) -> list[FinishedChoice]:
+        done = []
+        for acc, text in zip(self.accs, self.texts, strict=True):
+            gen = acc.generation()
+            message = to_message(gen)
+            last, content = text.finish(message.get("content") or "")
+            message["content"] = content or None
+            done.append(FinishedChoice(gen, message, last))
+        return done
 
 
 async def completion_events(
@@ -157,3 +162,14 @@ async def completion_events(
         result.closing.append(sse({**head, "choices": [choice]}))
         result.generations.append(gen)
         result.answers.append(text)
+
+
+async def openai_closed(
+    events: AsyncIterator[bytes], result: StreamedTurn, usage_head: dict | None, prompt_tokens: int
+) -> AsyncIterator[bytes]:
+    """OpenAI's streams end with the usage chunk (when asked for) and `[DONE]`, after recording."""
+    async for event in events:
+        yield event
+    if usage_head is not None:
+        result.closing.append(sse({**usage_head, "choices": [], "usage": usage(prompt_tokens, result.generations)}))
+    result.closing.append(b"data: [DONE]\n\n")

@@ -10,8 +10,9 @@ from unittest import mock
 import httpx
 import pytest
 
-from slimeish.router.api_v1 import chat_completions, completions, generate
+from slimeish.router.api_v1 import completions, generate
 from slimeish.router.config import RouterConfig
+from slimeish.router.dialects.chat import chat_completions
 from slimeish.router.dispatch import match_turn_route
 from slimeish.router.native import engine_generate
 from slimeish.router.server import create_app

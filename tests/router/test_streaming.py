@@ -11,7 +11,8 @@ import json
 import orjson
 from openai.types.chat import ChatCompletionChunk
 
-from slimeish.router.streaming import ContentStream, StreamedTurn, chat_events
+from slimeish.router.dialects.chat import chat_events
+from slimeish.router.streaming import ContentStream, ReplyStream, StreamedTurn
 from slimeish.router.tool_parser import parse_tool_calls
 
 CALL_TEXT = 'Checking.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
@@ -69,7 +70,8 @@ def to_message(gen):
 async def test_tool_calls_stream_as_deltas_the_openai_types_accept():
     head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
     result = StreamedTurn()
-    events = [e async for e in chat_events(engine_stream(CALL_TEXT), head, 1, True, [], to_message, None, result)]
+    replies = ReplyStream(1, True, [])
+    events = [e async for e in chat_events(engine_stream(CALL_TEXT), head, replies, to_message, None, result)]
     events += result.closing
     chunks = [ChatCompletionChunk.model_validate(orjson.loads(e[6:])) for e in events]
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -93,7 +95,7 @@ async def test_cumulative_chunks_stream_each_logprob_once():
         return None
 
     text = "abcdefghijkl"
-    events = chat_events(engine_stream(text, 3), head, 1, False, [], to_message, token_logprobs, result)
+    events = chat_events(engine_stream(text, 3), head, ReplyStream(1, False, []), to_message, token_logprobs, result)
     assert [e async for e in events]
     assert [e[1] for e in seen] == [5, 6, 7, 8] == result.generations[0].output_ids
 
@@ -101,8 +103,8 @@ async def test_cumulative_chunks_stream_each_logprob_once():
 def test_tool_parse_failure_is_plain_content_and_counted():
     from types import SimpleNamespace
 
-    from slimeish.router.api_v1 import assistant_message
     from slimeish.router.metrics import RouterMetrics
+    from slimeish.router.pipeline import assistant_message
     from slimeish.router.turns import Generation
 
     state = SimpleNamespace(metrics=RouterMetrics())

@@ -18,12 +18,13 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from slimeish.router.api_v1 import assistant_message, forced_start
 from slimeish.router.capture import Capture
+from slimeish.router.dialects.chat import chat_events
 from slimeish.router.metrics import RouterMetrics
+from slimeish.router.pipeline import assistant_message, forced_start
 from slimeish.router.render import ChatRenderer, TemplateError
 from slimeish.router.schemas import ChatRequest, validate_messages
-from slimeish.router.streaming import StreamedTurn, chat_events
+from slimeish.router.streaming import ReplyStream, StreamedTurn
 from slimeish.router.tool_parser import parse_tool_calls
 from tests.router.test_openai_sdk import TOOLS, assert_exact_capture, client_for
 from tests.router.test_streaming import engine_stream
@@ -35,7 +36,7 @@ SAMPLED_CALL = ' {"a": 1, "b": 2}}\n</tool_call>'  # what a model that follows t
 
 
 def opening(renderer: ChatRenderer, tool_choice) -> tuple[list[int], str]:
-    return forced_start(renderer, ChatRequest(messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice))
+    return forced_start(renderer, ChatRequest(messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice).tool_choice)
 
 
 def test_openings_are_the_templates_own_cut_on_a_token_boundary(renderer):
@@ -92,10 +93,9 @@ async def test_stream_deltas_carry_the_forced_part_of_the_call(renderer):
     head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
     for sampled, parses in ((SAMPLED_CALL, True), (' {"a": 1', False)):
         result = StreamedTurn()
-        events = chat_events(
-            engine_stream(sampled, 3), head, 1, True, [], lambda g: assistant_message(state, g, True, forced), None,
-            result, forced=forced,
-        )  # fmt: skip
+        replies = ReplyStream(1, True, [], forced)
+        to_message = lambda g: assistant_message(state, g, True, forced)  # noqa: E731
+        events = chat_events(engine_stream(sampled, 3), head, replies, to_message, None, result)
         sent = [e async for e in events] + result.closing
         chunks = [ChatCompletionChunk.model_validate(orjson.loads(e[6:])) for e in sent]
         content = "".join(c.choices[0].delta.content or "" for c in chunks)

@@ -1,0 +1,376 @@
+"""Anthropic Messages (`POST /v1/messages`, `/v1/messages/count_tokens`): Claude Code and the `anthropic` SDK.
+
+The request becomes the chat conversation capture takes: `system` a system message, `tool_use`
+blocks an assistant's `tool_calls`, each `tool_result` a tool message (before the user's text of
+the same message, as Anthropic orders them). `thinking` blocks are accepted and kept out of the
+render: the router never answers with one (its replies carry no reasoning), so one sent back is
+not the model's. The reply's text and parsed calls become `text` and `tool_use` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from slimeish.router import responses as R
+from slimeish.router.dialects.incremental import convert
+from slimeish.router.errors import APIError, from_validation_error
+from slimeish.router.pipeline import (
+    Conversation,
+    InFlight,
+    PlannedTurn,
+    StreamShape,
+    assistant_message,
+    engine_chunks,
+    generate_replies,
+    parse,
+    plan_turn,
+    record,
+    serve_turn,
+    stream_response,
+)
+from slimeish.router.render import TemplateError
+from slimeish.router.schemas import NamedToolChoice, SamplingFields, Tool, TopK
+from slimeish.router.sessions import Session
+from slimeish.router.state import RouterState
+from slimeish.router.streaming import ReplyStream, StreamedTurn
+from slimeish.router.turns import Generation
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="allow")  # e.g. `cache_control`, `citations`: accepted, ignored
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(_Block):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
+]
+
+
+class MessageParam(BaseModel):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class ToolParam(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["custom"] | None = None  # Anthropic's server tools (web_search, bash, ...) are refused
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoiceParam(BaseModel):
+    model_config = ConfigDict(extra="allow")  # disable_parallel_tool_use: accepted, ignored
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
+class CountTokensRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # metadata, service_tier, thinking: accepted, ignored
+    model: str | None = None
+    messages: list[Any] = Field(min_length=1)  # checked one by one (`_converted`): only those a turn adds
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoiceParam | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)  # required, as Anthropic requires it
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: TopK | None = None
+    stream: bool = False
+
+
+async def messages(request: Request, api_key: str | None = None) -> Response:
+    return await serve_turn(request, api_key, _messages)
+
+
+async def count_tokens(request: Request, api_key: str | None = None) -> Response:
+    return await serve_turn(request, api_key, _count_tokens)
+
+
+async def _count_tokens(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+    req: CountTokensRequest = parse(CountTokensRequest, _checked_tools(body))
+    msgs, tools = chat_messages(req), chat_tools(req)
+    try:
+        ids = state.renderer.full_ids(msgs, tools)
+    except TemplateError as e:
+        raise APIError(400, str(e), param="messages") from None
+    return R.json_response({"input_tokens": len(ids)})
+
+
+def _checked_tools(body: dict) -> dict:
+    """Refuse Anthropic's server tools by name: they run on Anthropic's side, not the agent's."""
+    for i, tool in enumerate(body.get("tools") or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in (None, "custom"):
+            raise APIError(400, f"tools.{i}: server tool type {kind!r} is not served; define a custom tool")
+    return body
+
+
+def conversation(req: MessagesRequest, session: Session | None) -> Conversation:
+    sampling = SamplingFields(
+        n=1,
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        stop=req.stop_sequences,
+    )
+    messages = [*_system(req), *convert(session, "messages", req.messages, _converted)]
+    return Conversation(messages, chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
+
+
+def chat_messages(req: CountTokensRequest) -> list[dict]:
+    """The whole request as chat messages."""
+    return [*_system(req), *_converted(req.messages, 0, frozenset())[0]]
+
+
+def _system(req: CountTokensRequest) -> list[dict]:
+    return [{"role": "system", "content": _text(req.system)}] if req.system else []
+
+
+_MESSAGE: TypeAdapter[MessageParam] = TypeAdapter(MessageParam)
+
+
+def _converted(raw: list[Any], start: int, calls: frozenset[str]) -> tuple[list[dict], frozenset[str]]:
+    """Messages `start`.. validated and converted; `calls` are the tool_use ids of the assistant
+    message before them, which a tool_result may answer."""
+    out: list[dict] = []
+    for i in range(start, len(raw)):
+        try:
+            m = _MESSAGE.validate_python(raw[i])
+        except ValidationError as e:
+            raise from_validation_error(e, f"messages.{i}") from None
+        blocks: list = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        if m.role == "assistant":
+            out.append(_assistant(blocks, i))
+            calls = frozenset(b.id for b in blocks if isinstance(b, ToolUseBlock))
+        else:
+            out += _user(blocks, i, calls)
+            calls = frozenset()
+    return out, calls
+
+
+def _assistant(blocks: list, i: int) -> dict:
+    text, tool_calls = "", []
+    for j, b in enumerate(blocks):
+        if isinstance(b, TextBlock):
+            text += b.text
+        elif isinstance(b, ToolUseBlock):
+            arguments = json.dumps(b.input, ensure_ascii=False)
+            tool_calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": arguments}})
+        elif isinstance(b, ToolResultBlock):
+            raise APIError(400, f"messages.{i}.content.{j}: tool_result blocks belong in a user message")
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
+    results, text = [], ""
+    for j, b in enumerate(blocks):
+        if isinstance(b, ToolResultBlock):
+            if b.tool_use_id not in calls:
+                raise APIError(
+                    400,
+                    f"messages.{i}.content.{j}: tool_result for tool_use_id {b.tool_use_id!r} has no tool_use "
+                    "block with that id in the previous assistant message",
+                )
+            results.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)})
+        elif isinstance(b, TextBlock):
+            text += b.text
+        else:
+            raise APIError(400, f"messages.{i}.content.{j}: {b.type} blocks belong in an assistant message")
+    return results + ([{"role": "user", "content": text}] if text or not results else [])
+
+
+def _text(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "".join(b.text for b in content)
+
+
+def chat_tools(req: CountTokensRequest) -> list[dict] | None:
+    tools = []
+    for i, t in enumerate(req.tools or []):
+        function = {"name": t.name, "description": t.description, "parameters": t.input_schema}
+        tool = {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+        try:
+            Tool.model_validate(tool)
+        except ValidationError as e:
+            raise from_validation_error(e, f"tools.{i}") from None
+        tools.append(tool)
+    return tools or None
+
+
+def _tool_choice(req: CountTokensRequest) -> str | NamedToolChoice | None:
+    choice = req.tool_choice
+    if choice is None or choice.type == "auto":
+        return "auto" if req.tools else None
+    if not req.tools and choice.type in ("any", "tool"):
+        raise APIError(400, f"tool_choice {choice.type!r} needs at least one tool")
+    if choice.type == "tool":
+        if choice.name not in {t.name for t in req.tools or []}:
+            raise APIError(400, f"tool_choice names tool {choice.name!r}, which is not in tools")
+        return NamedToolChoice(type="function", function={"name": choice.name})
+    return "required" if choice.type == "any" else "none"
+
+
+async def _messages(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+    req: MessagesRequest = parse(MessagesRequest, _checked_tools(body))
+    planned = plan_turn(state, turn.session, conversation(req, turn.session))
+    model = req.model or state.model_name
+    if req.stream:
+        return await _stream(state, turn, planned, model, started)
+    gens, replies = await generate_replies(state, turn.session, planned)
+    out = message_body(model, gens[0], replies[0], len(planned.plan.input_ids), planned.params.get("stop", []))
+    await record(state, turn, planned.plan, gens, replies, started)
+    return R.json_response(out)
+
+
+def content_blocks(reply: dict) -> list[dict]:
+    blocks: list[dict] = [{"type": "text", "text": reply["content"]}] if reply.get("content") else []
+    for call in reply.get("tool_calls") or []:
+        f = call["function"]
+        blocks.append({"type": "tool_use", "id": call["id"], "name": f["name"], "input": json.loads(f["arguments"])})
+    return blocks
+
+
+def stop_reason(gen: Generation, reply: dict, stops: list[str]) -> tuple[str, str | None]:
+    """Anthropic's (`stop_reason`, `stop_sequence`) of a finished reply."""
+    if reply.get("tool_calls"):
+        return "tool_use", None
+    if gen.finish_type == "length":
+        return "max_tokens", None
+    matched = (gen.raw.get("meta_info", {}).get("finish_reason") or {}).get("matched")
+    return ("stop_sequence", matched) if isinstance(matched, str) and matched in stops else ("end_turn", None)
+
+
+def message_body(model: str, gen: Generation, reply: dict, prompt_tokens: int, stops: list[str]) -> dict:
+    reason, sequence = stop_reason(gen, reply, stops)
+    return {
+        **_head(model, prompt_tokens),
+        "content": content_blocks(reply),
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": len(gen.output_ids)},
+    }
+
+
+def _head(model: str, prompt_tokens: int) -> dict:
+    return {
+        "id": "msg_" + R.new_id("slimeish").split("-", 1)[1],
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+    }
+
+
+def event(kind: str, data: dict) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+def _error_event(e: APIError) -> bytes:
+    return b"event: error\ndata: " + orjson.dumps(e.anthropic_body()) + b"\n\n"
+
+
+_PING = event("ping", {})
+_SHAPE = StreamShape(_error_event, lambda: _PING)
+
+
+async def _stream(state: RouterState, turn: InFlight, planned: PlannedTurn, model: str, started: float) -> Response:
+    chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, {})
+    result = StreamedTurn()
+    events = message_events(state, chunks, planned, model, result)
+    return stream_response(state, turn, planned.plan, events, result, started, _SHAPE)
+
+
+async def message_events(
+    state: RouterState, chunks: AsyncIterator[tuple[dict, str]], planned: PlannedTurn, model: str, result: StreamedTurn
+) -> AsyncIterator[bytes]:
+    """Anthropic's stream: text deltas while the engine streams; the tool_use blocks, stop reason
+    and `message_stop` go to `result.closing`, sent once the turn is recorded."""
+    stops = planned.params.get("stop", [])
+    yield event("message_start", {"message": _head(model, len(planned.plan.input_ids))})
+    replies, text_open = ReplyStream(1, planned.parse_tools, stops, planned.forced), False
+    async for d in replies.deltas(chunks):
+        if d.text:
+            if not text_open:
+                yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+                text_open = True
+            yield _text_delta(d.text)
+    (done,) = replies.finish(lambda g: assistant_message(state, g, planned.parse_tools, planned.forced))
+    closing = []
+    if done.last and not text_open:
+        closing.append(event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}))
+        text_open = True
+    if done.last:
+        closing.append(_text_delta(done.last))
+    if text_open:
+        closing.append(event("content_block_stop", {"index": 0}))
+    for index, block in enumerate(content_blocks(done.message)[int(text_open) :], start=int(text_open)):
+        closing += _tool_use_events(index, block)
+    reason, sequence = stop_reason(done.generation, done.message, stops)
+    delta = {"stop_reason": reason, "stop_sequence": sequence}
+    usage = {"output_tokens": len(done.generation.output_ids)}
+    closing.append(event("message_delta", {"delta": delta, "usage": usage}))
+    closing.append(event("message_stop", {}))
+    result.closing += closing
+    result.generations.append(done.generation)
+    result.answers.append(done.message)
+
+
+def _text_delta(text: str) -> bytes:
+    return event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
+
+
+def _tool_use_events(index: int, block: dict) -> list[bytes]:
+    start = {**block, "input": {}}
+    partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+    return [
+        event("content_block_start", {"index": index, "content_block": start}),
+        event("content_block_delta", {"index": index, "delta": partial}),
+        event("content_block_stop", {"index": index}),
+    ]

@@ -1,0 +1,452 @@
+"""OpenAI Responses (`POST /v1/responses`): Codex, openai-agents' and pydantic-ai's default models.
+
+Input items become the chat conversation capture takes: `instructions` a system message, message
+items their role's message, an assistant message and the `function_call` items after it one
+assistant message with `tool_calls`, each `function_call_output` a tool message. `reasoning`
+items are accepted and kept out of the render: the router never answers with one (its replies
+carry no reasoning), so one sent back is not the model's. With `store` (the default) the session
+keeps each response's conversation, so a client that sends only new items and
+`previous_response_id` continues the same one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from itertools import count
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+
+from slimeish.router import responses as R
+from slimeish.router.dialects.incremental import convert
+from slimeish.router.errors import APIError, from_validation_error
+from slimeish.router.pipeline import (
+    Conversation,
+    InFlight,
+    PlannedTurn,
+    StreamShape,
+    assistant_message,
+    engine_chunks,
+    generate_replies,
+    parse,
+    plan_turn,
+    record,
+    serve_turn,
+    stream_response,
+)
+from slimeish.router.schemas import NamedToolChoice, SamplingFields, Tool
+from slimeish.router.sessions import Session
+from slimeish.router.state import RouterState
+from slimeish.router.streaming import ReplyStream, StreamedTurn
+from slimeish.router.turns import Generation
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="allow")  # ids, status, annotations, logprobs: accepted, ignored
+
+
+class TextPart(_Item):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[TextPart]
+
+
+class FunctionCallItem(_Item):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[TextPart]
+
+
+class ReasoningItem(_Item):
+    type: Literal["reasoning"]
+
+
+def _item_type(item: Any) -> str:
+    return item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "message")
+
+
+_INPUT_ITEM: TypeAdapter[Any] = TypeAdapter(
+    Annotated[
+        Annotated[MessageItem, Tag("message")]
+        | Annotated[FunctionCallItem, Tag("function_call")]
+        | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+        | Annotated[ReasoningItem, Tag("reasoning")],
+        Discriminator(_item_type),
+    ]
+)
+
+
+def items(raw: list[Any], start: int = 0) -> list[Any]:
+    """The input items from `start`, validated: a 400 names the first bad one (`input.3.content.0.type`)."""
+    out = []
+    for i, item in enumerate(raw[start:], start):
+        try:
+            out.append(_INPUT_ITEM.validate_python(item))
+        except ValidationError as e:
+            raise from_validation_error(e, f"input.{i}") from None
+    return out
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(BaseModel):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # include, reasoning, text, truncation, user: accepted, ignored
+    model: str | None = None
+    input: str | list[Any]  # items are checked one by one (`items`), so an error names the item
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    metadata: dict[str, str] | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    stream: bool = False
+
+
+async def responses(request: Request, api_key: str | None = None) -> Response:
+    return await serve_turn(request, api_key, _responses)
+
+
+def _checked_tools(body: dict) -> dict:
+    """Refuse OpenAI's built-in tools by name: they run on OpenAI's side, not the agent's."""
+    for i, tool in enumerate(body.get("tools") or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise APIError(400, f"tools.{i}: built-in tool type {kind!r} is not served; define a function tool")
+    return body
+
+
+def chat_tools(req: ResponsesRequest) -> list[dict] | None:
+    tools = []
+    for i, t in enumerate(req.tools or []):
+        function = {"name": t.name, "description": t.description, "parameters": t.parameters}
+        tool = {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+        try:
+            Tool.model_validate(tool)
+        except ValidationError as e:
+            raise from_validation_error(e, f"tools.{i}") from None
+        tools.append(tool)
+    return tools or None
+
+
+def _tool_choice(req: ResponsesRequest) -> str | NamedToolChoice | None:
+    choice, names = req.tool_choice, {t.name for t in req.tools or []}
+    if isinstance(choice, NamedFunction):
+        if choice.name not in names:
+            raise APIError(400, f"tool_choice names function {choice.name!r}, not in tools", param="tool_choice")
+        return NamedToolChoice(type="function", function={"name": choice.name})
+    if choice == "required" and not names:
+        raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
+    return choice
+
+
+def history(session: Session | None, req: ResponsesRequest) -> list[dict]:
+    """The conversation before this request's items: the stored response it continues, if any."""
+    if req.previous_response_id is None:
+        return []
+    stored = session.responses.get(req.previous_response_id) if session else None
+    if stored is None:
+        raise APIError(
+            400,
+            f"previous response {req.previous_response_id!r} is not a stored response of this session "
+            "(responses created with store: false are not kept)",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    return stored
+
+
+def chat_messages(session: Session | None, raw: str | list, before: list[dict]) -> list[dict]:
+    """The input as chat messages after `before` (whose calls a function_call_output may answer)."""
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if before:
+        return _converted(raw, 0, frozenset(c["id"] for m in before for c in m.get("tool_calls") or ()))[0]
+    return convert(session, "responses", raw, _converted, _resumable)
+
+
+def _resumable(raw: list[Any], start: int) -> bool:
+    """A function_call right after an assistant item belongs to that item's message: convert all."""
+    return not (
+        _item_type(raw[start]) == "function_call" and _item_type(raw[start - 1]) in ("function_call", "message")
+    )
+
+
+def _converted(raw: list[Any], start: int, open_calls: frozenset[str]) -> tuple[list[dict], frozenset[str]]:
+    out: list[dict] = []
+    calls = set(open_calls)
+    for i, item in enumerate(items(raw, start), start):
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            out.append({"role": role, "content": _text(item.content)})
+        elif isinstance(item, FunctionCallItem):
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            if not (out and out[-1]["role"] == "assistant"):
+                out.append({"role": "assistant", "content": None})
+            out[-1] = {**out[-1], "tool_calls": [*(out[-1].get("tool_calls") or []), call]}
+            calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutputItem):
+            if item.call_id not in calls:
+                raise APIError(
+                    400,
+                    f"input.{i}: no function_call with call_id {item.call_id!r} before this output",
+                    param=f"input.{i}",
+                )
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+    messages = [{**m, "content": m["content"] or None} if m["role"] == "assistant" else m for m in out]
+    return messages, frozenset(calls)
+
+
+def _text(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def conversation(req: ResponsesRequest, session: Session | None) -> tuple[Conversation, list[dict]]:
+    """The conversation, and its messages without `instructions` (what `store` keeps)."""
+    before = history(session, req)
+    kept = [*before, *chat_messages(session, req.input, before)]
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    sampling = SamplingFields(n=1, max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p)
+    conv = Conversation([*system, *kept], chat_tools(req), sampling, req.max_output_tokens, _tool_choice(req))
+    return conv, kept
+
+
+async def _responses(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+    session = turn.session
+    req: ResponsesRequest = parse(ResponsesRequest, _checked_tools(body))
+    conv, kept = conversation(req, session)
+    planned = plan_turn(state, session, conv)
+    shell = response_shell(req, req.model or state.model_name)
+    if req.stream:
+        return await _stream(state, turn, planned, shell, kept, req.store, started)
+    gens, replies = await generate_replies(state, session, planned)
+    out = {**shell, **finished(gens[0], replies[0], len(planned.plan.input_ids))}
+    await record(state, turn, planned.plan, gens, replies, started)
+    if session is not None and req.store:
+        session.responses[shell["id"]] = [*kept, replies[0]]
+    return R.json_response(out)
+
+
+def response_shell(req: ResponsesRequest, model: str) -> dict:
+    """The response object before any output (what `response.created` carries)."""
+    tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
+    return {
+        "id": "resp_" + R.new_id("x")[2:],
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.instructions,
+        "metadata": req.metadata or {},
+        "output": [],
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tool_choice": tool_choice or "auto",
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "max_output_tokens": req.max_output_tokens,
+        "previous_response_id": req.previous_response_id,
+        "store": req.store,
+        "text": {"format": {"type": "text"}},
+        "usage": None,
+    }
+
+
+def finished(gen: Generation, reply: dict, prompt_tokens: int) -> dict:
+    """What the response object gains when its turn is done: output, status, usage."""
+    cut = gen.finish_type == "length"
+    return {
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "output": output_items(reply),
+        "usage": {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": len(gen.output_ids),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + len(gen.output_ids),
+        },
+    }
+
+
+def output_items(reply: dict) -> list[dict]:
+    # A reply without calls is always a message item (even empty), so the agent sends the turn back.
+    calls = reply.get("tool_calls") or []
+    items = [_message_item(reply.get("content") or "", "completed")] if reply.get("content") or not calls else []
+    return items + [_call_item(c, "completed") for c in calls]
+
+
+def _message_item(text: str | None, status: str, item_id: str | None = None) -> dict:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    item_id = item_id or "msg_" + R.new_id("x")[2:]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(call: dict, status: str) -> dict:
+    f = call["function"]
+    item_id = "fc_" + call["id"].removeprefix("call_")
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call["id"],
+        "name": f["name"],
+        "arguments": f["arguments"],
+        "status": status,
+    }
+
+
+class Events:
+    """Responses stream events, numbered in order."""
+
+    def __init__(self) -> None:
+        self.numbers = count()
+
+    def __call__(self, kind: str, **data: Any) -> bytes:
+        body = {"type": kind, "sequence_number": next(self.numbers), **data}
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
+
+
+async def _stream(
+    state: RouterState,
+    turn: InFlight,
+    planned: PlannedTurn,
+    shell: dict,
+    kept: list[dict],
+    store: bool,
+    started: float,
+) -> Response:
+    chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, {})
+    result, ev = StreamedTurn(), Events()
+    events = response_events(state, chunks, planned, shell, result, ev)
+    if turn.session is not None and store:
+        session = turn.session
+        result.on_recorded.append(lambda: session.responses.__setitem__(shell["id"], [*kept, result.answers[0]]))
+
+    def failed(e: APIError) -> bytes:
+        error = {"code": e.code or e.type, "message": e.message}
+        return ev("response.failed", response={**shell, "status": "failed", "error": error})
+
+    keepalive: Callable[[], bytes] = lambda: ev("response.in_progress", response=shell)  # noqa: E731
+    return stream_response(state, turn, planned.plan, events, result, started, StreamShape(failed, keepalive))
+
+
+async def response_events(
+    state: RouterState,
+    chunks: AsyncIterator[tuple[dict, str]],
+    planned: PlannedTurn,
+    shell: dict,
+    result: StreamedTurn,
+    ev: Events,
+) -> AsyncIterator[bytes]:
+    """`response.created`, `.in_progress`, the message item's text deltas while the engine streams;
+    the text's and calls' closing events and `response.completed` go to `result.closing`."""
+    yield ev("response.created", response=shell)
+    yield ev("response.in_progress", response=shell)
+    replies, item_id, sent = ReplyStream(1, planned.parse_tools, planned.params.get("stop", []), planned.forced), "", ""
+    async for d in replies.deltas(chunks):
+        if d.text and not item_id:
+            item_id = "msg_" + R.new_id("x")[2:]
+            for event in _text_opening(ev, item_id):
+                yield event
+        if d.text:
+            sent += d.text
+            yield ev(
+                "response.output_text.delta",
+                item_id=item_id,
+                output_index=0,
+                content_index=0,
+                delta=d.text,
+                logprobs=[],
+            )
+    (done,) = replies.finish(lambda g: assistant_message(state, g, planned.parse_tools, planned.forced))
+    closing = []
+    if not item_id and (done.last or not done.message.get("tool_calls")):  # as output_items: a message
+        item_id = "msg_" + R.new_id("x")[2:]
+        closing += _text_opening(ev, item_id)
+    if done.last:
+        closing.append(
+            ev(
+                "response.output_text.delta",
+                item_id=item_id,
+                output_index=0,
+                content_index=0,
+                delta=done.last,
+                logprobs=[],
+            )
+        )
+    output = [_message_item(sent + done.last, "completed", item_id)] if item_id else []
+    if item_id:
+        closing += _text_closing(ev, output[0])
+    for call in done.message.get("tool_calls") or []:
+        closing += _call_events(ev, len(output), _call_item(call, "completed"))
+        output.append(_call_item(call, "completed"))
+    final = {**shell, **finished(done.generation, done.message, len(planned.plan.input_ids)), "output": output}
+    kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+    closing.append(ev(kind, response=final))
+    result.closing += closing
+    result.generations.append(done.generation)
+    result.answers.append(done.message)
+
+
+def _text_opening(ev: Events, item_id: str) -> list[bytes]:
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    return [
+        ev("response.output_item.added", output_index=0, item=_message_item(None, "in_progress", item_id)),
+        ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part),
+    ]
+
+
+def _text_closing(ev: Events, item: dict) -> list[bytes]:
+    part, at = item["content"][0], {"item_id": item["id"], "output_index": 0}
+    return [
+        ev("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]),
+        ev("response.content_part.done", **at, content_index=0, part=part),
+        ev("response.output_item.done", output_index=0, item=item),
+    ]
+
+
+def _call_events(ev: Events, index: int, item: dict) -> list[bytes]:
+    at = {"item_id": item["id"], "output_index": index}
+    return [
+        ev("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}),
+        ev("response.function_call_arguments.delta", **at, delta=item["arguments"]),
+        ev("response.function_call_arguments.done", **at, arguments=item["arguments"]),
+        ev("response.output_item.done", output_index=index, item=item),
+    ]

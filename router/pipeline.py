@@ -1,0 +1,379 @@
+"""One turn of any dialect: its request as a `Conversation`, planned by capture, generated, answered, recorded.
+
+Every agent-facing endpoint follows the same steps: resolve the session from its key, validate,
+plan the turn's tokens (capture), check the context window, generate on an engine, answer the
+agent, then commit the turn and write it through to the store. A dialect (`slimeish.router.dialects`)
+only converts: its request into a `Conversation` (chat messages the renderer takes, chat-format
+tools, sampling) and the turn's generations into its response body and stream events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from slimeish.router.capture import Capture, TurnPlan, Validator
+from slimeish.router.engine_pool import EngineFailedMidStream
+from slimeish.router.errors import APIError, from_validation_error, known_error
+from slimeish.router.render import ChatRenderer, TemplateError
+from slimeish.router.schemas import NamedToolChoice, SamplingFields
+from slimeish.router.sessions import Session
+from slimeish.router.state import RouterState, get_state
+from slimeish.router.streaming import StreamedTurn
+from slimeish.router.tool_parser import parse_tool_calls
+from slimeish.router.turns import Generation
+
+KEY_PREFIX = "sk-slimeish-"
+ToolChoice = str | NamedToolChoice | None  # "auto" | "none" | "required" | one named function
+
+
+def _validated(messages: list[dict], start: int) -> None:
+    """The validator of a dialect that validated its whole request while converting it."""
+
+
+@dataclass
+class Conversation:
+    """What every dialect's request becomes, the one input of capture."""
+
+    messages: list[Any]  # chat messages as the renderer takes them
+    tools: list[dict] | None  # chat-format function tools
+    sampling: SamplingFields
+    max_tokens: int | None
+    tool_choice: ToolChoice = None
+    validate: Validator = _validated  # chat validates lazily: only messages a turn adds
+
+
+@dataclass
+class PlannedTurn:
+    plan: TurnPlan
+    params: dict  # SGLang sampling params
+    forced: str  # the reply's start that tool_choice forced (appended to the prompt)
+    parse_tools: bool
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    return loads_json(await request.body())
+
+
+def loads_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise APIError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return body
+
+
+def parse(model: type[BaseModel], body: dict) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+def bearer_token(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+
+
+def request_key(request: Request) -> str:
+    """The key a client sent: `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic)."""
+    return bearer_token(request) or request.headers.get("x-api-key", "").strip()
+
+
+def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
+    """The session owning the key (URL path or header), None for an allowed anonymous call."""
+    if path_key is not None:
+        return session_for_key(state, path_key)
+    key = request_key(request)
+    if state.config.allow_anonymous and not key.startswith(KEY_PREFIX) and not state.sessions.knows(key):
+        return None
+    return session_for_key(state, key)
+
+
+def session_for_key(state: RouterState, key: str | None) -> Session:
+    """The open session owning `key`: 401 when none does, 409 when it is finished."""
+    session = state.sessions.by_api_key(key) if key else None
+    if session is None and key and (closed := state.sessions.closed_by_key.get(key)):
+        raise APIError(409, f"session {closed.session_id} is finished", code="session_finished")
+    if session is None:
+        raise APIError(401, "unknown or missing session key", type="authentication_error", code="invalid_api_key")
+    if session.closed:
+        raise APIError(409, f"session {session.session_id} is finished", code="session_finished")
+    return session
+
+
+@dataclass
+class InFlight:
+    """A turn counted as in flight on its session until recorded or failed (a finish waits for
+    it). A streamed turn is handed to its response body, which ends it when the stream ends."""
+
+    session: Session | None
+    request: Request | None = None  # to tell whether the client is still there to receive the answer
+    handed_off: bool = False
+    ended: bool = False
+
+    def end(self) -> None:
+        if self.session is not None and not self.ended:
+            self.ended = True
+            self.session.end_turn()
+
+
+@contextlib.contextmanager
+def in_flight(session: Session | None, request: Request | None = None) -> Iterator[InFlight]:
+    if session is not None:
+        session.begin_turn()
+    turn = InFlight(session, request)
+    try:
+        yield turn
+    finally:
+        if not turn.handed_off:
+            turn.end()
+
+
+TurnHandler = Callable[[RouterState, InFlight, dict, float], Awaitable[Response]]
+
+
+async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler) -> Response:
+    """A turn endpoint: resolve the session, count the turn in flight on it, hand `handler` the body.
+    An SDK's retry of the session's last non-streamed request gets that request's answer again."""
+    state, started = get_state(request), time.time()
+    session = resolve_session(state, request, api_key)
+    raw = await request.body()
+    if session is not None and (answer := replayed(session, request, raw)) is not None:
+        return answer
+    with in_flight(session, request) as turn:
+        response = await handler(state, turn, loads_json(raw), started)
+    if session is not None and not isinstance(response, StreamingResponse):
+        session.last_answer = (raw, bytes(response.body), response.media_type)
+    return response
+
+
+def replayed(session: Session, request: Request, raw: bytes) -> Response | None:
+    """The recorded answer to this same request, when the SDK says it is retrying it
+    (`x-stainless-retry-count`, sent by the openai and anthropic SDKs): the agent gets the turn it
+    missed, and the episode stays one trajectory (a second turn would fork it)."""
+    retry = request.headers.get("x-stainless-retry-count", "0")
+    if retry in ("", "0") or session.last_answer is None or session.last_answer[0] != raw:
+        return None
+    _, body, media_type = session.last_answer
+    return Response(body, media_type=media_type, headers={"x-slimeish-replayed": "true"})
+
+
+def sampling_params(
+    state: RouterState, session: Session | None, req: SamplingFields, max_tokens: int | None, prompt_len: int
+) -> dict:
+    """SGLang sampling params: the request's, else the session's defaults (else the engine's); the
+    context check of an explicit `max_tokens` gives OpenAI's `context_length_exceeded`, a default
+    budget is capped by the room left."""
+    defaults = dict(session.sampling_defaults) if session else {}
+    budget = defaults.pop("max_new_tokens", None) or state.config.default_max_tokens
+    room = state.context_length - prompt_len
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        raise APIError(
+            400,
+            f"this model's maximum context length is {state.context_length} tokens; the prompt has "
+            f"{prompt_len} and {max_tokens or 1} more were requested",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    params: dict[str, Any] = {"max_new_tokens": max_tokens or min(room, budget), "n": req.n} | defaults
+    params |= req.model_dump(include={"temperature", "top_p", "top_k"}, exclude_none=True)
+    if req.stop:
+        params["stop"] = req.stop_list()
+    if req.seed is not None:
+        params["sampling_seed"] = req.seed
+    return params
+
+
+def forced_start(renderer: ChatRenderer, tool_choice: ToolChoice) -> tuple[list[int], str]:
+    """(ids, text) that `tool_choice` forces the reply to begin with, appended to the prompt
+    instead of constraining decoding: a named function's call up to its arguments, the opening of
+    any call for "required", nothing for "auto"/"none"."""
+    try:
+        if isinstance(tool_choice, NamedToolChoice):
+            return renderer.tool_call_opening(tool_choice.function["name"])
+        if tool_choice == "required":
+            return renderer.tool_call_opening(None)
+    except TemplateError as e:
+        raise APIError(400, str(e), param="tool_choice") from None
+    return [], ""
+
+
+def plan_turn(state: RouterState, session: Session | None, conv: Conversation) -> PlannedTurn:
+    """The turn's tokens (capture: extend a segment or start one), then its sampling params."""
+    capture = session.capture if session else Capture(state.renderer)
+    try:
+        plan = capture.plan_chat(conv.messages, conv.tools, conv.validate)
+    except TemplateError as e:
+        raise APIError(400, str(e), param="messages") from None
+    forced_ids, forced = forced_start(state.renderer, conv.tool_choice)
+    plan = plan.with_forced(forced_ids)
+    params = sampling_params(state, session, conv.sampling, conv.max_tokens, len(plan.input_ids))
+    return PlannedTurn(plan, params, forced, bool(conv.tools) and conv.tool_choice != "none")
+
+
+def assistant_message(state: RouterState, gen: Generation, parse_tools: bool, forced: str = "") -> dict:
+    """The reply to the agent: the forced start (see `forced_start`) and the sampled text, parsed."""
+    text = forced + gen.text
+    if not parse_tools:
+        return {"role": "assistant", "content": text}
+    parsed = parse_tool_calls(text)
+    if parsed.parse_error:
+        state.metrics.tool_parse_failures.inc()
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    return message
+
+
+async def run_turn(
+    state: RouterState, session: Session | None, plan: TurnPlan, params: dict, extra: dict | None = None
+) -> list[Generation]:
+    gens = await state.runner.generate(session, plan.input_ids, params, extra or {})
+    if any(g.finish_type == "abort" for g in gens):
+        raise APIError(503, "the engine aborted the generation", type="server_error", code="generation_aborted")
+    return gens
+
+
+async def generate_replies(
+    state: RouterState, session: Session | None, turn: PlannedTurn, extra: dict | None = None
+) -> tuple[list[Generation], list[dict]]:
+    """A non-streamed turn: the generations and the assistant message each one answers."""
+    gens = await run_turn(state, session, turn.plan, turn.params, extra)
+    return gens, [assistant_message(state, g, turn.parse_tools, turn.forced) for g in gens]
+
+
+async def engine_chunks(
+    state: RouterState, session: Session | None, plan: TurnPlan, params: dict, extra: dict
+) -> AsyncIterator[tuple[dict, str]]:
+    """The engine stream, started here so that failures before any output are HTTP errors."""
+    chunks = state.runner.stream(session, plan.input_ids, params, extra)
+    first = await anext(chunks)
+
+    async def rest() -> AsyncIterator[tuple[dict, str]]:
+        yield first
+        async for chunk in chunks:
+            yield chunk
+
+    return rest()
+
+
+ErrorEvent = Callable[[APIError], bytes]
+
+
+@dataclass
+class StreamShape:
+    """How a dialect's stream tells an error, and keeps an idle client listening."""
+
+    error: ErrorEvent
+    keepalive: Callable[[], bytes] | None = None
+
+
+def stream_response(
+    state: RouterState,
+    turn: InFlight,
+    plan: TurnPlan,
+    events: AsyncIterator[bytes],
+    result: StreamedTurn,
+    started: float,
+    shape: StreamShape,
+) -> StreamingResponse:
+    """Send `events`, then record the turn (once the whole output is known), then `result.closing`."""
+    turn.handed_off = True
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for event in _recorded(state, turn, plan, events, result, started, shape):
+                yield event
+        finally:
+            turn.end()
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def _recorded(
+    state: RouterState,
+    turn: InFlight,
+    plan: TurnPlan,
+    events: AsyncIterator[bytes],
+    result: StreamedTurn,
+    started: float,
+    shape: StreamShape,
+) -> AsyncIterator[bytes]:
+    """The stream's events; errors after the first byte are sent as the dialect's error event."""
+    session = turn.session
+    try:
+        async for event in with_keepalive(events, shape.keepalive, state.config.stream_keepalive):
+            yield event
+    except EngineFailedMidStream as e:
+        yield shape.error(APIError(502, str(e), type="server_error", code="engine_failed"))
+        return
+    if any(g.finish_type == "abort" for g in result.generations):
+        yield shape.error(APIError(503, "the engine aborted the generation", type="server_error"))
+        return
+    if session is not None:  # before the finish reasons, so the agent's next turn sees this one
+        try:
+            await state.runner.record(session, plan, result.generations, result.answers, started)
+        except Exception as e:  # a refusal, or the store unreachable, is told in the stream
+            if (error := known_error(e)) is None:
+                raise
+            yield shape.error(error)
+            return
+    for then in result.on_recorded:
+        then()
+    for event in result.closing:
+        yield event
+
+
+async def with_keepalive(
+    events: AsyncIterator[bytes], keepalive: Callable[[], bytes] | None, every: float
+) -> AsyncIterator[bytes]:
+    """`events`, with `keepalive` sent whenever `every` seconds pass without one: clients with
+    idle watchdogs decode it as an event, so a long generation is not dropped."""
+    if keepalive is None or every <= 0:
+        async for event in events:
+            yield event
+        return
+    pending = asyncio.ensure_future(anext(events))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield keepalive()
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            yield event
+            pending = asyncio.ensure_future(anext(events))
+    finally:
+        pending.cancel()
+
+
+async def record(
+    state: RouterState,
+    turn: InFlight,
+    plan: TurnPlan,
+    gens: list[Generation],
+    answers: list,
+    started: float,
+) -> None:
+    """Record a non-streamed turn, unless its client went away: an answer nobody received must not
+    become a training sample (the SDK's retry, answered anew, is the turn)."""
+    if turn.session is None:
+        return
+    if turn.request is not None and await turn.request.is_disconnected():
+        raise APIError(499, "the client went away before its answer; the turn is not recorded", code="client_gone")
+    await state.runner.record(turn.session, plan, gens, answers, started)

@@ -1,0 +1,140 @@
+"""The real `openai` SDK's Responses API and `openai-agents` (its default, Responses model) against
+the router and a real embedded engine, captured exactly as chat is (see test_openai_sdk.py)."""
+
+from __future__ import annotations
+
+import agents
+import httpx
+import openai
+import pytest
+
+from tests.router.test_anthropic_sdk import engine_calls
+from tests.router.test_errors import assert_openai_error
+from tests.router.test_openai_sdk import assert_exact_capture, client_for
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "add",
+        "description": "add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+    }
+]
+
+
+def answer(output: list) -> list[dict]:
+    """What an agent sends after a response: each function call's output, else more text."""
+    results = [
+        {"type": "function_call_output", "call_id": o.call_id, "output": "3"}
+        for o in output
+        if o.type == "function_call"
+    ]
+    return results or [{"role": "user", "content": "and 2 + 2?"}]
+
+
+def finish_and_check(router_app, session: dict, start: int, renderer, turns: int) -> None:
+    calls = engine_calls(router_app.engine_log[start:])
+    assert len(calls) == turns
+    r = httpx.post(
+        f"{router_app.url}/sessions/{session['session_id']}/finish", json={"reward": 1.0}, headers=router_app.admin
+    )
+    assert r.status_code == 200, r.text
+    (sample,) = router_app.store.samples(session["session_id"])
+    assert sample.split_reason is None
+    assert_exact_capture(sample, calls, renderer)
+    assert [t.segment_index for t in router_app.store.turns[session["session_id"]]] == [0] * turns
+
+
+def test_responses_create_stream_and_previous_response_id_are_captured_exactly(router_app, renderer):
+    session = router_app.new_session(group_id="g-responses")
+    client = client_for(session)
+    start = len(router_app.engine_log)
+    items: list = [{"role": "user", "content": "what is 1 + 2?"}]
+    kw = {"model": "tiny", "instructions": "You add numbers.", "tools": TOOLS, "max_output_tokens": 6}
+    r = client.responses.create(input=items, tool_choice={"type": "function", "name": "add"}, **kw)
+    assert r.object == "response" and r.status in ("completed", "incomplete")
+    assert r.usage.output_tokens == len(router_app.engine_log[-1][1]["output_ids"])
+    if r.status == "incomplete":
+        assert r.incomplete_details.reason == "max_output_tokens"
+    items += [o.model_dump(exclude_none=True) for o in r.output] + answer(r.output)
+    with client.responses.stream(input=items, **kw) as stream:
+        events = list(stream)
+    # a length stop ends in `response.incomplete`, as OpenAI's does (get_final_response wants completed)
+    final = events[-1].response
+    assert events[-1].type == f"response.{final.status}" and final.status in ("completed", "incomplete")
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == final.output_text
+    assert final.usage.output_tokens == len(router_app.engine_log[-1][1]["chunks"][-1]["output_ids"])
+    # only the new items, continuing the stored response
+    last = client.responses.create(input=answer(final.output), previous_response_id=final.id, **kw)
+    assert last.previous_response_id == final.id
+    finish_and_check(router_app, session, start, renderer, 3)
+
+
+def test_openai_agents_default_model_runs_a_multi_turn_episode(router_app, renderer):
+    # openai-agents treats a length stop (`incomplete`) as a failure: stop the random model early
+    # on a stop string nearly every token holds (the session's defaults reach an unchanged agent)
+    stops = {"stop": list("aeiou "), "max_new_tokens": 32}
+    session = router_app.new_session(group_id="g-agents", sampling_defaults=stops)
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def add(a: float, b: float) -> float:
+        """add two numbers"""
+        return a + b
+
+    model = agents.OpenAIProvider(openai_client=client).get_model("tiny")  # the default: Responses
+    assert isinstance(model, agents.OpenAIResponsesModel)
+    agent = agents.Agent(
+        name="adder",
+        instructions="You add numbers.",
+        tools=[add],
+        model=model,
+    )
+    start = len(router_app.engine_log)
+    first = agents.Runner.run_sync(agent, "what is 1 + 2?", max_turns=3)
+    second = agents.Runner.run_sync(
+        agent, [*first.to_input_list(), {"role": "user", "content": "and 2 + 2?"}], max_turns=3
+    )
+    assert isinstance(second.final_output, str)
+    turns = len(router_app.engine_log) - start
+    assert turns >= 2
+    finish_and_check(router_app, session, start, renderer, turns)
+
+
+GOOD = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
+BAD = {
+    "built-in tool": ({**GOOD, "tools": [{"type": "web_search"}]}, "web_search"),
+    "unknown previous_response_id": ({**GOOD, "previous_response_id": "resp_nope"}, "resp_nope"),
+    "item type": ({**GOOD, "input": [{"type": "computer_call_output", "call_id": "c"}]}, "input.0"),
+    "image part": (
+        {**GOOD, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input.0",
+    ),
+    "output without its call": (
+        {**GOOD, "input": [{"type": "function_call_output", "call_id": "call_9", "output": "3"}]},
+        "call_9",
+    ),
+    "unknown tool_choice": ({**GOOD, "tools": TOOLS, "tool_choice": {"type": "function", "name": "mul"}}, "mul"),
+    "max_output_tokens": ({**GOOD, "max_output_tokens": 0}, "max_output_tokens"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD.values()), ids=list(BAD))
+def test_bad_responses_bodies_are_openai_errors_and_leave_the_session(router_app, case):
+    body, named = case
+    session = router_app.new_session()
+    url = session["base_url"] + "/responses"
+    httpx.post(url, json=GOOD).raise_for_status()
+    before, calls = router_app.record(session["session_id"]), len(router_app.engine_log)
+    error = assert_openai_error(httpx.post(url, json=body), 400)
+    assert named in error["message"]
+    assert router_app.record(session["session_id"]) == before and len(router_app.engine_log) == calls
+
+
+def test_store_false_is_not_kept(router_app):
+    client = client_for(router_app.new_session())
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.BadRequestError, match=r.id):
+        client.responses.create(model="tiny", input="more", max_output_tokens=2, previous_response_id=r.id)
