@@ -195,6 +195,9 @@ async def run_groups(
         sessions = RouterSessions(args.router_url, args.admin_token, client)
         # The rollout's sampling, for the turns an agent sends without it (token-in sends it all itself).
         sampling = sampling_params(args, evaluation=evaluation)
+        # Only a custom generate can have called the engine around the session (the root /generate);
+        # every other episode's turns went through it, so it needs no look at what was captured.
+        bypasses = bool(getattr(args, "custom_generate_function_path", None))
         hook_path = getattr(args, "custom_reward_post_process_path", None)
         post_process = load_post_process(hook_path) if hook_path else None
 
@@ -222,7 +225,7 @@ async def run_groups(
             if lead.status != Status.FAILED and reward is None:
                 _fail_all(member, f"no usable reward: {lead.reward!r}")
             failed = lead.status == Status.FAILED
-            own_tokens = all(carries_response(s) for s in member)
+            own_tokens = bypasses and all(carries_response(s) for s in member)
             if not (failed or evaluation) and own_tokens and not await sessions.captured_turns(session):
                 for s in member:
                     s.metadata[RECORD_FROM_RETURN] = True  # its own tokens: slimeish train records and finishes it

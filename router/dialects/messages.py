@@ -36,7 +36,7 @@ from slimeish.router.pipeline import (
     stream_response,
 )
 from slimeish.router.render import TemplateError
-from slimeish.router.schemas import NamedToolChoice, SamplingFields, Tool, TopK
+from slimeish.router.schemas import NamedToolChoice, SamplingFields, TopK, function_tools
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
@@ -229,16 +229,7 @@ def _text(content: str | list[TextBlock]) -> str:
 
 
 def chat_tools(req: CountTokensRequest) -> list[dict] | None:
-    tools = []
-    for i, t in enumerate(req.tools or []):
-        function = {"name": t.name, "description": t.description, "parameters": t.input_schema}
-        tool = {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
-        try:
-            Tool.model_validate(tool)
-        except ValidationError as e:
-            raise from_validation_error(e, f"tools.{i}") from None
-        tools.append(tool)
-    return tools or None
+    return function_tools([(t.name, t.description, t.input_schema) for t in req.tools or []])
 
 
 def _tool_choice(req: CountTokensRequest) -> str | NamedToolChoice | None:

@@ -38,7 +38,7 @@ from slimeish.router.pipeline import (
     serve_turn,
     stream_response,
 )
-from slimeish.router.schemas import NamedToolChoice, SamplingFields, Tool
+from slimeish.router.schemas import NamedToolChoice, SamplingFields, function_tools
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
@@ -148,16 +148,7 @@ def _checked_tools(body: dict) -> dict:
 
 
 def chat_tools(req: ResponsesRequest) -> list[dict] | None:
-    tools = []
-    for i, t in enumerate(req.tools or []):
-        function = {"name": t.name, "description": t.description, "parameters": t.parameters}
-        tool = {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
-        try:
-            Tool.model_validate(tool)
-        except ValidationError as e:
-            raise from_validation_error(e, f"tools.{i}") from None
-        tools.append(tool)
-    return tools or None
+    return function_tools([(t.name, t.description, t.parameters) for t in req.tools or []])
 
 
 def _tool_choice(req: ResponsesRequest) -> str | NamedToolChoice | None:
@@ -387,30 +378,14 @@ async def response_events(
                 yield event
         if d.text:
             sent += d.text
-            yield ev(
-                "response.output_text.delta",
-                item_id=item_id,
-                output_index=0,
-                content_index=0,
-                delta=d.text,
-                logprobs=[],
-            )
+            yield _text_delta(ev, item_id, d.text)
     (done,) = replies.finish(lambda g: assistant_message(state, g, planned.parse_tools, planned.forced))
     closing = []
     if not item_id and (done.last or not done.message.get("tool_calls")):  # as output_items: a message
         item_id = "msg_" + R.new_id("x")[2:]
         closing += _text_opening(ev, item_id)
     if done.last:
-        closing.append(
-            ev(
-                "response.output_text.delta",
-                item_id=item_id,
-                output_index=0,
-                content_index=0,
-                delta=done.last,
-                logprobs=[],
-            )
-        )
+        closing.append(_text_delta(ev, item_id, done.last))
     output = [_message_item(sent + done.last, "completed", item_id)] if item_id else []
     if item_id:
         closing += _text_closing(ev, output[0])
@@ -431,6 +406,10 @@ def _text_opening(ev: Events, item_id: str) -> list[bytes]:
         ev("response.output_item.added", output_index=0, item=_message_item(None, "in_progress", item_id)),
         ev("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part),
     ]
+
+
+def _text_delta(ev: Events, item_id: str, text: str) -> bytes:
+    return ev("response.output_text.delta", item_id=item_id, output_index=0, content_index=0, delta=text, logprobs=[])
 
 
 def _text_closing(ev: Events, item: dict) -> list[bytes]:
