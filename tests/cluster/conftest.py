@@ -19,7 +19,11 @@ __all__ = ["RayCluster", "ray_cluster", "router", "stand_in_router"]
 @dataclass
 class RayCluster:
     cluster: Any  # ray.cluster_utils.Cluster
-    agents_node_id: str  # the node with the custom resource "agents"
+    agents_node: Any  # ray._private.node.Node: the node with the custom resource "agents"
+
+    @property
+    def agents_node_id(self) -> str:
+        return self.agents_node.node_id
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     try:
-        yield RayCluster(cluster, agents.node_id)
+        yield RayCluster(cluster, agents)
     finally:
         ray.shutdown()
         cluster.shutdown()
