@@ -16,6 +16,7 @@ to the same session.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -49,8 +50,14 @@ class AgentWorkersConfig:
     )
 
     def check(self) -> None:
+        if self.agent_workers == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("--agent-workers ray needs Ray: pip install 'slimeish[ray]'")
         if self.agent_num_cpus < 0:
             raise ValueError(f"--agent-num-cpus must be >= 0, got {self.agent_num_cpus}")
+        objects = {"--agent-resources": self.agent_resources, "--agent-runtime-env": self.agent_runtime_env}
+        for flag, value in objects.items():
+            if not isinstance(value, dict):
+                raise ValueError(f"{flag} must be a JSON object, got {value!r}")
         for name, amount in self.agent_resources.items():
             if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
                 raise ValueError(f"--agent-resources: {name!r} must be a number >= 0, got {amount!r}")

@@ -12,13 +12,11 @@ import re
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from slimeish.common.sample import Sample
 from slimeish.rollout_functions.agent_command import generate_rollout as command_rollout
-from slimeish.rollout_functions.agent_workers import workers_of
 from slimeish.rollout_functions.openai_agent import generate_rollout as agent_rollout
 from tests.demo.test_openai_agent import calculator, make_args
 
@@ -120,9 +118,3 @@ def test_openai_agent_runs_in_the_task(router, ray_cluster):
         assert sample.metadata["agent_node_id"] == ray_cluster.agents_node_id
     assert [s["finish"]["reward"] for s in router.sessions.values()] == [1.0, 1.0]
     assert len(router.requests) == 4  # the tool call and the answer, per episode
-
-
-def test_workers_config_is_checked():
-    with pytest.raises(ValueError, match="--agent-resources: 'agents' must be a number"):
-        workers_of(SimpleNamespace(**(ON_AGENTS | {"agent_resources": {"agents": "x"}})))
-    assert workers_of(SimpleNamespace(agent_workers="local")) is None
