@@ -55,6 +55,14 @@ def test_command_runs_on_the_agents_node_with_the_session_env(router, ray_cluste
         assert re.fullmatch(expected, sample.response), sample.response
 
 
+def test_rollout_concurrency_bounds_the_tasks(router, ray_cluster, tmp_path):
+    log = tmp_path / "log"  # the agents node could run 4 at once: the slots allow 1
+    command = f"echo start >> {log}; sleep 0.3; echo end >> {log}; echo '{{\"reward\": 1}}'"
+    samples = run_command_episodes(router, command, n=3, rollout_concurrency=1)
+    assert all(s.status == Sample.Status.COMPLETED for s in samples)
+    assert log.read_text().split() == ["start", "end"] * 3
+
+
 def test_verifier_runs_in_the_task_too(router, ray_cluster):
     (sample,) = run_command_episodes(router, "echo 7", verifier_command='read a; echo "{\\"reward\\": $a}"')
     assert sample.reward == 7.0 and sample.response == "7\n"
