@@ -6,7 +6,9 @@ The command (`--agent-command`, a shell command line) runs with `OPENAI_BASE_URL
 a numeric "reward"; otherwise `--verifier-command` runs with the same environment and the agent's
 stdout on stdin, and must print such a line. Timeouts (`--rollout-timeout`), crashes and missing
 or malformed rewards fail the episode; the buffer's group policy decides what happens to its group.
-`--rollout-concurrency` bounds the commands running at once.
+`--rollout-concurrency` bounds the commands running at once. With `--agent-workers ray` the
+command and its verifier run in a Ray task on the cluster (`agent_workers`), with the same
+environment, reward and failure rules.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Any
 from slimeish.common.config import help_field
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slimeish.rollout_functions.agent_workers import AgentWorkersConfig, workers_of
 from slimeish.rollout_functions.sessions import Session, run_episodes
 
 
 @dataclass(kw_only=True)
-class AgentCommandConfig:
+class AgentCommandConfig(AgentWorkersConfig):
     agent_command: str | None = help_field(
         None, help="shell command run per episode (OPENAI_BASE_URL/KEY set to its router session)"
     )
@@ -85,20 +88,32 @@ def episode_env(session: Session, sample: Sample) -> dict[str, str]:
     }
 
 
+async def command_outcome(command: str, verifier: str | None, env: dict[str, str]) -> tuple[str, float]:
+    """Run the agent command (and the verifier when the agent prints no reward): its stdout and reward."""
+    stdout = await run_command(command, env)
+    reward = parse_reward(stdout)
+    if reward is None and verifier:
+        reward = parse_reward(await run_command(verifier, env, stdin=stdout.encode()))
+    if reward is None:
+        raise AgentCommandError('no reward: the last stdout line must be a JSON object like {"reward": 1.0}')
+    return stdout, reward
+
+
 def generate_rollout(
     args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     if not args.agent_command:
         raise ValueError("slimeish.rollout_functions.agent_command needs --agent-command")
 
+    workers = workers_of(args)
+
     async def episode(session: Session, sample: Sample) -> Sample:
-        env = episode_env(session, sample)
-        stdout = await run_command(args.agent_command, env)
-        reward = parse_reward(stdout)
-        if reward is None and args.verifier_command:
-            reward = parse_reward(await run_command(args.verifier_command, env, stdin=stdout.encode()))
-        if reward is None:
-            raise AgentCommandError('no reward: the last stdout line must be a JSON object like {"reward": 1.0}')
+        outcome = (args.agent_command, args.verifier_command, episode_env(session, sample))
+        if workers is None:
+            stdout, reward = await command_outcome(*outcome)
+        else:
+            (stdout, reward), node_id = await workers.run(command_outcome, *outcome)
+            sample.metadata["agent_node_id"] = node_id
         sample.response = stdout
         sample.reward = reward
         sample.status = Status.COMPLETED

@@ -7,6 +7,8 @@ loop, tools included; the router captures every turn. The agent returns the rewa
 leave scoring to `--custom-rm-path` (`async def reward(args, sample) -> float`). An exception, a
 timeout (`--rollout-timeout`) or a missing reward fails the episode; the buffer's group policy
 decides what happens to its group. `--rollout-concurrency` bounds the agents running at once.
+With `--agent-workers ray` the agent runs in a Ray task on the cluster (`agent_workers`), with a
+client of its own pointed at the same session; the reward function still runs here.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from slimeish.common.config import help_field
 from slimeish.common.plugins import load_function
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput, load_reward_function
+from slimeish.rollout_functions.agent_workers import AgentWorkersConfig, RayWorkers, workers_of
 from slimeish.rollout_functions.sessions import EpisodeFn, Session, checked_reward, http_client, run_episodes
 
 AGENT_SIGNATURE = "async def agent(client: openai.AsyncOpenAI, sample: Sample) -> float | None"
@@ -38,10 +41,11 @@ def load_agent_function(path: str) -> AgentFn:
 
 
 @dataclass(kw_only=True)
-class OpenAIAgentConfig:
+class OpenAIAgentConfig(AgentWorkersConfig):
     agent_function_path: str | None = help_field(None, help=f"the agent run per episode: {AGENT_SIGNATURE}")
 
     def check(self) -> None:
+        super().check()
         if self.agent_function_path:
             load_agent_function(self.agent_function_path)
 
@@ -64,12 +68,19 @@ def session_client(session: Session, http_client: httpx.AsyncClient) -> openai.A
     )
 
 
-def agent_episode(agent: AgentFn, args: Any = None, rm: RewardFn | None = None) -> EpisodeFn:
+def agent_episode(
+    agent: AgentFn, args: Any = None, rm: RewardFn | None = None, workers: RayWorkers | None = None
+) -> EpisodeFn:
     """The episode function for `run_groups`: run the agent, then score with its reward or `rm`.
-    The agent's SDK client shares the rollout call's HTTP pool (`sessions.http_client()`)."""
+    Locally the agent's SDK client shares the rollout call's HTTP pool (`sessions.http_client()`);
+    with `workers` the agent runs in a Ray task (`remote_agent`) and its sample comes back."""
 
     async def episode(session: Session, sample: Sample) -> Sample:
-        reward: object = await agent(session_client(session, http_client()), sample)
+        if workers is None:
+            reward: object = await agent(session_client(session, http_client()), sample)
+        else:
+            (reward, sample), node_id = await workers.run(remote_agent, _name(agent), session, sample)
+            sample.metadata["agent_node_id"] = node_id
         sample.status = Status.COMPLETED
         source = f"the agent {_name(agent)}"
         if reward is None and rm is not None:
@@ -80,6 +91,15 @@ def agent_episode(agent: AgentFn, args: Any = None, rm: RewardFn | None = None) 
         return sample
 
     return episode
+
+
+async def remote_agent(agent_path: str, session: Session, sample: Sample) -> tuple[object, Sample]:
+    """A Ray task's part of an episode: the agent, loaded by its path, on a client of its own for
+    the session (the episode's timeout bounds it). Returns its reward and the sample it filled."""
+    agent = load_agent_function(agent_path)
+    async with httpx.AsyncClient(timeout=None) as client:
+        reward = await agent(session_client(session, client), sample)
+    return reward, sample
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -93,5 +113,5 @@ def generate_rollout(
         raise ValueError("slimeish.rollout_functions.openai_agent needs --agent-function-path")
     agent = load_agent_function(args.agent_function_path)
     rm = load_reward_function(args.custom_rm_path) if args.custom_rm_path else None
-    episode = agent_episode(agent, args, rm)
+    episode = agent_episode(agent, args, rm, workers_of(args))
     return run_episodes(args, data_source, episode, rollout_id=rollout_id, evaluation=evaluation)

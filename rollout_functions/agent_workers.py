@@ -1,0 +1,158 @@
+"""Where agent episodes run: in the rollout's own process (`local`), or as Ray tasks (`ray`).
+
+With `--agent-workers ray` the driver still opens and finishes every session; only the agent's
+part of the episode (an async function and its arguments, e.g. the external command and its
+verifier) runs in a Ray task, on a node Ray picks by the episode's resources (`--agent-num-cpus`,
+`--agent-resources`, optional `--agent-runtime-env`). `ray` is imported only then, so slimeish
+runs without it (`pip install 'slimeish[ray]'`).
+
+Semantics are the local ones: `--rollout-concurrency` bounds the tasks in flight (the driver
+holds an episode slot while its task runs), `--rollout-timeout` cancels the task, and a crashed
+agent or a worker or node that dies fails the episode. Tasks are never retried (`max_retries=0`):
+the session already captured the first attempt's turns, and a second attempt would add its turns
+to the same session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from slimeish.common.config import help_field
+
+T = TypeVar("T")
+
+# A cancelled task first gets KeyboardInterrupt, so that it cancels its coroutine (which kills the
+# command's process group: a force-kill of the worker would leave that group running); a task
+# still running after this long is force-killed.
+CANCEL_GRACE_S = 5.0
+POLL_S = 0.2  # how often a task's loop wakes up to notice a cancellation
+
+
+@dataclass(kw_only=True)
+class AgentWorkersConfig:
+    agent_workers: Literal["local", "ray"] = help_field(
+        "local", help="where agent episodes run: in this process, or as Ray tasks across the cluster"
+    )
+    agent_num_cpus: float = help_field(1.0, help="CPUs each agent episode's Ray task asks for (--agent-workers ray)")
+    agent_resources: dict[str, float] = help_field(
+        {}, help="custom Ray resources per agent episode, a JSON object such as '{\"agents\": 0.01}'"
+    )
+    agent_runtime_env: dict[str, Any] = help_field(
+        {}, help="Ray runtime_env of the agent tasks, a JSON object (working_dir, pip, env_vars, ...)"
+    )
+    ray_address: str | None = help_field(
+        None, help="the Ray cluster to connect to (default: RAY_ADDRESS, else a local Ray instance)"
+    )
+
+    def check(self) -> None:
+        if self.agent_workers == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("--agent-workers ray needs Ray: pip install 'slimeish[ray]'")
+        if self.agent_num_cpus < 0:
+            raise ValueError(f"--agent-num-cpus must be >= 0, got {self.agent_num_cpus}")
+        objects = {"--agent-resources": self.agent_resources, "--agent-runtime-env": self.agent_runtime_env}
+        for flag, value in objects.items():
+            if not isinstance(value, dict):
+                raise ValueError(f"{flag} must be a JSON object, got {value!r}")
+        for name, amount in self.agent_resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+                raise ValueError(f"--agent-resources: {name!r} must be a number >= 0, got {amount!r}")
+
+
+def workers_of(args: Any) -> RayWorkers | None:
+    """The Ray workers the rollout's flags ask for, connected; None to run episodes locally."""
+    if getattr(args, "agent_workers", "local") == "local":
+        return None
+    cfg = AgentWorkersConfig(
+        agent_workers=args.agent_workers,
+        agent_num_cpus=args.agent_num_cpus,
+        agent_resources=args.agent_resources,
+        agent_runtime_env=args.agent_runtime_env,
+        ray_address=args.ray_address,
+    )
+    cfg.check()
+    with _lock:  # one per process and config: the async producer calls from several threads
+        key = repr(cfg)
+        if key not in _workers:
+            connect(cfg.ray_address)
+            _workers[key] = RayWorkers(cfg)
+        return _workers[key]
+
+
+_lock = threading.Lock()
+_workers: dict[str, RayWorkers] = {}
+
+
+def connect(address: str | None) -> None:
+    """Connect this process to the Ray cluster unless it is already (`slimeish train --launcher ray`)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+
+
+class RayWorkers:
+    """Runs an episode's async agent function as a Ray task with the configured resources."""
+
+    def __init__(self, cfg: AgentWorkersConfig):
+        import ray
+
+        options: dict[str, Any] = {"num_cpus": cfg.agent_num_cpus, "max_retries": 0}
+        if cfg.agent_resources:
+            options["resources"] = cfg.agent_resources
+        if cfg.agent_runtime_env:
+            options["runtime_env"] = cfg.agent_runtime_env
+        self._task = ray.remote(_run_in_task).options(**options)
+
+    async def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> tuple[T, str]:
+        """`await fn(*args)` in a Ray task: its result and the id of the node it ran on. The
+        task's exception is raised as itself; a worker or node that died raises Ray's error."""
+        import ray
+
+        ref = self._task.remote(fn, *args)
+        try:
+            return await _result(ref)
+        except asyncio.CancelledError:  # the episode's timeout, or the run stopping
+            await _cancel(ref)
+            raise
+        except ray.exceptions.RayTaskError as e:
+            raise e.cause from None
+
+
+async def _result(ref: Any) -> Any:
+    return await asyncio.wrap_future(ref.future())
+
+
+async def _cancel(ref: Any) -> None:
+    import ray
+
+    ray.cancel(ref)
+    try:
+        await asyncio.wait_for(asyncio.shield(_result(ref)), CANCEL_GRACE_S)
+    except TimeoutError:  # stuck where KeyboardInterrupt cannot reach it
+        ray.cancel(ref, force=True)
+    except Exception:  # ended: cancelled, or failed on its own
+        pass
+
+
+def _run_in_task(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> tuple[T, str]:
+    """The Ray task's body: run the coroutine in a loop of its own that wakes every `POLL_S`, so
+    that Ray's cancellation (KeyboardInterrupt in this thread) cancels the coroutine cleanly."""
+    import ray
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(fn(*args))
+    try:
+        while not task.done():
+            loop.run_until_complete(asyncio.wait([task], timeout=POLL_S))
+    except KeyboardInterrupt:
+        task.cancel()
+        loop.run_until_complete(asyncio.wait([task]))
+        raise
+    finally:
+        loop.close()
+    return task.result(), ray.get_runtime_context().get_node_id()

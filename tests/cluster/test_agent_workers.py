@@ -1,0 +1,128 @@
+"""Agent episodes as Ray tasks (`--agent-workers ray`) on a simulated two-node cluster.
+
+The driver opens and finishes sessions on the stand-in router (tests/demo/conftest.py) as it
+does locally; the agent command (or the openai agent) runs in a Ray task on the node holding
+the `agents` resource. A timeout, a crash and a node that dies fail the episode as locally.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slimeish.common.sample import Sample
+from slimeish.rollout_functions.agent_command import generate_rollout as command_rollout
+from slimeish.rollout_functions.openai_agent import generate_rollout as agent_rollout
+from tests.demo.test_openai_agent import calculator, make_args
+
+pytestmark = pytest.mark.slow
+
+ON_AGENTS = {"agent_workers": "ray", "agent_num_cpus": 0.5, "agent_resources": {"agents": 1}}
+ON_AGENTS |= {"agent_runtime_env": {}, "ray_address": None}
+
+
+class _Source:
+    def __init__(self, prompt: str, label: object, n: int):
+        self.groups = [[Sample(group_index=0, index=i, prompt=prompt, label=label) for i in range(n)]]
+
+    def get_samples(self, n: int) -> list[list[Sample]]:
+        return self.groups
+
+
+def command_args(router, command: str, **overrides):
+    return make_args(router, agent_command=command, **(ON_AGENTS | {"verifier_command": None} | overrides))
+
+
+def run_command_episodes(router, command: str, n: int = 1, **overrides) -> list[Sample]:
+    args = command_args(router, command, n_samples_per_prompt=n, rollout_batch_size=1, **overrides)
+    return command_rollout(args, 0, _Source("What is 2 plus 2?", 4, n)).samples[0]
+
+
+def test_command_runs_on_the_agents_node_with_the_session_env(router, ray_cluster):
+    command = 'printf "%s|%s|%s\\n" "$OPENAI_BASE_URL" "$SLIMEISH_PROMPT" "$SLIMEISH_LABEL"; echo \'{"reward": 0.5}\''
+    samples = run_command_episodes(router, command, n=2)
+    finished = {s["finish"]["reward"] for s in router.sessions.values()}
+    assert finished == {0.5} and len(router.sessions) == 2
+    for sample in samples:
+        assert sample.status == Sample.Status.COMPLETED and sample.reward == 0.5
+        assert sample.metadata["agent_node_id"] == ray_cluster.agents_node_id
+        expected = rf'{router.url}/s/[0-9a-f]{{16}}/v1\|"What is 2 plus 2\?"\|4\n{{"reward": 0.5}}\n'
+        assert re.fullmatch(expected, sample.response), sample.response
+
+
+def test_rollout_concurrency_bounds_the_tasks(router, ray_cluster, tmp_path):
+    log = tmp_path / "log"  # the agents node could run 4 at once: the slots allow 1
+    command = f"echo start >> {log}; sleep 0.3; echo end >> {log}; echo '{{\"reward\": 1}}'"
+    samples = run_command_episodes(router, command, n=3, rollout_concurrency=1)
+    assert all(s.status == Sample.Status.COMPLETED for s in samples)
+    assert log.read_text().split() == ["start", "end"] * 3
+
+
+def test_verifier_runs_in_the_task_too(router, ray_cluster):
+    (sample,) = run_command_episodes(router, "echo 7", verifier_command='read a; echo "{\\"reward\\": $a}"')
+    assert sample.reward == 7.0 and sample.response == "7\n"
+
+
+def test_crashing_command_fails_the_episode_with_its_stderr(router, ray_cluster):
+    (sample,) = run_command_episodes(router, "echo boom >&2; exit 3")
+    assert sample.status == Sample.Status.FAILED
+    assert sample.metadata["error"].startswith("AgentCommandError: 'echo boom >&2; exit 3' exited with 3: boom")
+    ((_, session),) = router.sessions.items()
+    assert session["finish"]["status"] == "failed"
+
+
+def test_timeout_cancels_the_task_and_kills_the_command_tree(router, ray_cluster, tmp_path):
+    pid_file = tmp_path / "pid"
+    (sample,) = run_command_episodes(router, f"sleep 60 & echo $! > {pid_file}; wait", rollout_timeout=8.0)
+    assert sample.status == Sample.Status.FAILED and sample.metadata["error"].startswith("TimeoutError")
+    assert _dies(int(pid_file.read_text())), "the command's child outlived the cancelled task"
+
+
+def test_a_node_that_dies_fails_its_episode(router, ray_cluster, tmp_path):
+    doomed = ray_cluster.cluster.add_node(num_cpus=1, resources={"doomed": 1})
+    ray_cluster.cluster.wait_for_nodes()
+    pid_file = tmp_path / "pid"
+    threading.Thread(target=_remove_when_started, args=(ray_cluster.cluster, doomed, pid_file), daemon=True).start()
+    start = time.monotonic()
+    (sample,) = run_command_episodes(
+        router, f"echo $$ > {pid_file}; exec sleep 60", rollout_timeout=50.0, agent_resources={"doomed": 1}
+    )
+    # Ray says which: the node's death, or its worker's when that is seen first.
+    assert sample.status == Sample.Status.FAILED
+    assert sample.metadata["error"].startswith(("NodeDiedError", "WorkerCrashedError")), sample.metadata["error"]
+    assert time.monotonic() - start < 50  # failed by the death, not by the timeout
+    ((_, session),) = router.sessions.items()
+    assert session["finish"]["status"] == "failed"
+
+
+def _remove_when_started(cluster, node, pid_file: Path) -> None:
+    while not pid_file.exists():
+        time.sleep(0.1)
+    cluster.remove_node(node)
+
+
+def _dies(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_openai_agent_runs_in_the_task(router, ray_cluster):
+    router.reply = calculator
+    args = make_args(router, rollout_batch_size=1, n_samples_per_prompt=2, **ON_AGENTS)
+    out = agent_rollout(args, 0, _Source("What is 6 times 7?", 42, 2))
+    for sample in out.samples[0]:
+        assert sample.status == Sample.Status.COMPLETED and sample.reward == 1.0
+        assert sample.metadata["agent_node_id"] == ray_cluster.agents_node_id
+    assert [s["finish"]["reward"] for s in router.sessions.values()] == [1.0, 1.0]
+    assert len(router.requests) == 4  # the tool call and the answer, per episode
