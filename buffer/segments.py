@@ -15,7 +15,7 @@ import numpy as np
 
 from slimeish.buffer.errors import BufferInputError
 from slimeish.buffer.records import PackedTurn
-from slimeish.common.sample import Sample
+from slimeish.common.sample import TEACHER_LOG_PROBS, Sample
 
 # The metadata key of a sample's tool-call parse outcome over its turns (see `tool_parse`).
 TOOL_PARSE = "tool_parse"
@@ -39,6 +39,11 @@ class PackedSample:
     split_reason: str | None
 
     def to_sample(self, reward: float | None) -> Sample:
+        metadata, teacher = self.metadata, None
+        if TEACHER_LOG_PROBS in metadata:  # one list per segment, given at finish (OPD)
+            metadata = {k: v for k, v in metadata.items() if k != TEACHER_LOG_PROBS}
+            per_segment = self.metadata[TEACHER_LOG_PROBS]
+            teacher = per_segment[self.segment_index] if self.segment_index < len(per_segment) else None
         return Sample(
             group_index=self.group_index,
             index=self.index,
@@ -48,7 +53,8 @@ class PackedSample:
             rollout_log_probs=self.rollout_log_probs.tolist(),
             weight_versions=self.weight_versions,
             status=Sample.Status(self.status),
-            metadata=self.metadata,
+            metadata=metadata,
+            teacher_log_probs=teacher,
             reward=reward,
             session_id=self.session_id,
             segment_index=self.segment_index,
