@@ -127,6 +127,8 @@ class ModelRunner:
         """log p(tokens[p] | tokens[:p]) for p in [max(start, 1), len): position p - 1 predicts p.
         The head runs in chunks: a long prompt's full `[positions, vocab]` logits would not fit."""
         first = max(start, 1)
+        if first >= len(tokens):  # the common case: no prompt log-probs asked for
+            return []
         targets = torch.tensor(tokens[first:], device=self.device)
         out: list[float] = []
         for a in range(0, len(targets), _LOGPROB_CHUNK):
