@@ -43,7 +43,7 @@ from slimeish.buffer.replies import (
     required,
 )
 from slimeish.buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
-from slimeish.buffer.segments import PackedSample, assemble, build_samples, check_next_turn
+from slimeish.buffer.segments import PackedSample, assemble, build_samples, check_next_turn, split_teacher_log_probs
 from slimeish.buffer.stats import BufferStats, read_stats
 from slimeish.buffer.views import GroupView, SessionView, group_view, session_view
 from slimeish.common.plugins import load_function
@@ -209,7 +209,8 @@ class Buffer:
         the conversion of the arrays to lists).
         """
         status = _final_status(status)
-        reward_json, meta_json = _reward_json(reward), _json(metadata or {}, "metadata")
+        session_meta, _ = split_teacher_log_probs(metadata or {})  # OPD teacher log-probs: on the samples only
+        reward_json, meta_json = _reward_json(reward), _json(session_meta, "metadata")
         k = self.keys
         session = hash_fields(_FINISH_READ, await self.redis.hmget(k.session(session_id), _FINISH_READ))
         if session["status"] is None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from slimeish.buffer.errors import BufferInputError
 from slimeish.buffer.records import PackedTurn
-from slimeish.common.sample import Sample
+from slimeish.common.sample import TEACHER_LOG_PROBS, Sample
 
 # The metadata key of a sample's tool-call parse outcome over its turns (see `tool_parse`).
 TOOL_PARSE = "tool_parse"
@@ -37,8 +37,11 @@ class PackedSample:
     session_id: str
     segment_index: int
     split_reason: str | None
+    # an OPD teacher's log-prob per response token (float32 bytes), given at finish; None without
+    teacher_log_probs: bytes | None = None
 
     def to_sample(self, reward: float | None) -> Sample:
+        teacher = self.teacher_log_probs
         return Sample(
             group_index=self.group_index,
             index=self.index,
@@ -49,6 +52,7 @@ class PackedSample:
             weight_versions=self.weight_versions,
             status=Sample.Status(self.status),
             metadata=self.metadata,
+            teacher_log_probs=None if teacher is None else np.frombuffer(teacher, "<f4").tolist(),
             reward=reward,
             session_id=self.session_id,
             segment_index=self.segment_index,
@@ -134,10 +138,22 @@ def build_samples(
     """All samples of a session; a failed session has none (it is never trained on)."""
     if status == Sample.Status.FAILED.value:
         return []
-    return [
-        build_sample(segment, status=status, index=index, group_index=group_index, metadata=metadata)
-        for segment in split_segments(turns)
-    ]
+    metadata, teacher = split_teacher_log_probs(metadata)
+    samples = []
+    for i, segment in enumerate(split_segments(turns)):
+        sample = build_sample(segment, status=status, index=index, group_index=group_index, metadata=metadata)
+        if i < len(teacher) and teacher[i] is not None:
+            sample.teacher_log_probs = np.asarray(teacher[i], "<f4").tobytes()
+        samples.append(sample)
+    return samples
+
+
+def split_teacher_log_probs(metadata: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """Finish metadata without its OPD teacher log-probs, and those (one list per segment): they
+    are stored as arrays on the samples, not as JSON beside them."""
+    if TEACHER_LOG_PROBS not in metadata:
+        return metadata, []
+    return {k: v for k, v in metadata.items() if k != TEACHER_LOG_PROBS}, list(metadata[TEACHER_LOG_PROBS])
 
 
 def assemble(turns: list[PackedTurn], headers: list[dict[str, Any]], reward: float | None) -> list[Sample]:
@@ -147,6 +163,7 @@ def assemble(turns: list[PackedTurn], headers: list[dict[str, Any]], reward: flo
     for header in sorted(headers, key=lambda h: h["segment_index"]):
         fields = {name: header[name] for name in ("status", "index", "group_index", "metadata")}
         packed = build_sample(segments[header["segment_index"]], **fields)
+        packed.teacher_log_probs = header.get("teacher_log_probs")
         assert packed.response_length == header["response_length"], "turns changed after the session was sealed"
         samples.append(packed.to_sample(reward))
     return samples

@@ -25,7 +25,7 @@ from typing import Any, cast
 import httpx
 import tenacity
 
-from slimeish.common.sample import Sample, Status
+from slimeish.common.sample import Sample, Status, teacher_metadata
 from slimeish.rollout import (
     RECORD_FROM_RETURN,
     RUN_STOPPING,
@@ -278,8 +278,9 @@ async def run_groups(
                 for s in member:
                     s.metadata[RECORD_FROM_RETURN] = True  # its own tokens: slimeish train records and finishes it
                 return
-            error = {"error": lead.metadata["error"]} if failed else None
-            await sessions.finish(session, None if failed else reward, lead.status, error)
+            # a failed member's error, or its teacher log-probs (slime's OPD post-process sets them)
+            metadata = {"error": lead.metadata["error"]} if failed else teacher_metadata(member)
+            await sessions.finish(session, None if failed else reward, lead.status, metadata)
 
         async def one_group(group: list[Sample]) -> list[Sample]:
             # A training group may be partial (the stale members of a reopened group): its size is the run's.

@@ -23,6 +23,9 @@ from typing import Any
 # metadata key holding what a reward function returned when it was not a number (a dict of
 # scores, a teacher's response ...), for `--reward-key` or the reward post-process hook.
 RAW_REWARD = "raw_reward"
+# The finish-metadata key carrying a member's teacher log-probs to the buffer, one list per
+# segment; the buffer moves them into each training sample's `teacher_log_probs`.
+TEACHER_LOG_PROBS = "teacher_log_probs"
 _TOP_P_IDS = ("top_p_token_ids", "top_p_kept_token_ids")  # SGLang's meta_info names, as slime reads them
 _TOP_P_OFFSETS = ("top_p_token_offsets", "top_p_kept_token_offsets")
 
@@ -202,3 +205,17 @@ def _int32_array(meta_info: dict[str, Any], keys: tuple[str, ...]) -> list[int] 
     if isinstance(value, (bytes, bytearray, memoryview)):
         return array("i", bytes(value)).tolist()
     return [int(v) for v in value]
+
+
+def teacher_metadata(member: list[Sample]) -> dict[str, Any]:
+    """The finish metadata carrying a member's `teacher_log_probs` (one list per sample, in segment
+    order; slime's post-process sets tensors), or nothing when none has them."""
+    if all(s.teacher_log_probs is None for s in member):
+        return {}
+    return {TEACHER_LOG_PROBS: [_floats(s.teacher_log_probs) for s in member]}
+
+
+def _floats(values: Any) -> list[float] | None:
+    if values is None:
+        return None
+    return [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]

@@ -22,6 +22,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 _SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
+# prompt positions per lm-head call when prompt log-probs are asked for (bounds the logits held at once)
+_LOGPROB_CHUNK = 256
 
 
 class SlotKVCache:
@@ -78,7 +80,22 @@ class ModelRunner:
 
         Returns the logits (float32) at each sequence's last given token, shape `[n, vocab]`.
         """
-        n, width = len(tokens), max(map(len, tokens))
+        return self._head(self._last(self._layers(tokens, first_row, starts), tokens))
+
+    @torch.inference_mode()
+    def prefill(
+        self, prompts: list[list[int]], first_row: int, logprobs_from: list[int]
+    ) -> tuple[torch.Tensor, list[list[float]]]:
+        """`forward` over whole prompts, plus each prompt's own token log-probs at positions
+        `>= max(logprobs_from[i], 1)` (position 0 has none: nothing precedes it)."""
+        hidden = self._layers(prompts, first_row, [0] * len(prompts))
+        pairs = enumerate(zip(prompts, logprobs_from, strict=True))
+        prompt_logprobs = [self._token_logprobs(hidden[i], p, s) for i, (p, s) in pairs]
+        return self._head(self._last(hidden, prompts)), prompt_logprobs
+
+    def _layers(self, tokens: list[list[int]], first_row: int, starts: list[int]) -> torch.Tensor:
+        """The decoder stack's hidden states `[n, width, hidden]` (before the final norm)."""
+        width = max(map(len, tokens))
         ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=self.device)
         positions = torch.tensor(starts, device=self.device)[:, None] + self._arange[:width]
         kv_len = max(starts) + width
@@ -95,12 +112,30 @@ class ModelRunner:
                 hidden, attention_mask=visible, position_ids=positions, past_key_values=self.cache,
                 position_embeddings=rope,
             )  # fmt: skip
-        if width == 1:
-            last = hidden[:, 0]
-        else:
-            ends = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
-            last = hidden[torch.arange(n, device=self.device), ends]
-        return self.model.lm_head(inner.norm(last)).float()
+        return hidden
+
+    def _last(self, hidden: torch.Tensor, tokens: list[list[int]]) -> torch.Tensor:
+        if hidden.shape[1] == 1:
+            return hidden[:, 0]
+        ends = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
+        return hidden[torch.arange(len(tokens), device=self.device), ends]
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.model.model.norm(hidden)).float()
+
+    def _token_logprobs(self, hidden: torch.Tensor, tokens: list[int], start: int) -> list[float]:
+        """log p(tokens[p] | tokens[:p]) for p in [max(start, 1), len): position p - 1 predicts p.
+        The head runs in chunks: a long prompt's full `[positions, vocab]` logits would not fit."""
+        first = max(start, 1)
+        if first >= len(tokens):  # the common case: no prompt log-probs asked for
+            return []
+        targets = torch.tensor(tokens[first:], device=self.device)
+        out: list[float] = []
+        for a in range(0, len(targets), _LOGPROB_CHUNK):
+            t = targets[a : a + _LOGPROB_CHUNK]
+            logits = self._head(hidden[first - 1 + a : first - 1 + a + len(t)])
+            out += torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0].tolist()
+        return out
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         # one sequence of ids decodes to one string (the stub's list[str] is for batched input)

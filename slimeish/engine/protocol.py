@@ -72,6 +72,20 @@ class SequenceRequest:
     return_logprob: bool
     return_text_in_logprobs: bool
     max_new_tokens: int = 0  # resolved: max_new_tokens, or what the context leaves
+    # resolved logprob_start_len: input positions >= it get `input_token_logprobs`; len(input_ids)
+    # (SGLang's default, -1, with return_logprob) means none
+    logprob_start: int | None = None
+
+    @property
+    def prompt_logprob_start(self) -> int:
+        """The first input position whose log-prob is asked for (len(input_ids) when none is)."""
+        if not self.return_logprob or self.logprob_start is None:
+            return len(self.input_ids)
+        return self.logprob_start
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.prompt_logprob_start < len(self.input_ids)
 
 
 def parse_sampling_params(raw: Any) -> SamplingParams:
@@ -128,12 +142,14 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
     params = _per_prompt(body.get("sampling_params"), len(prompts), is_batch, "sampling_params")
     logprob = _per_prompt(body.get("return_logprob"), len(prompts), is_batch, "return_logprob")
     rids = _per_prompt(body.get("rid"), len(prompts), is_batch, "rid")
+    starts = _per_prompt(body.get("logprob_start_len"), len(prompts), is_batch, "logprob_start_len")
     stream = body.get("stream", False)
     text_in_logprobs = body.get("return_text_in_logprobs") or False
     _check_type("stream", [stream], bool)
     _check_type("return_text_in_logprobs", [text_in_logprobs], bool)
     _check_type("return_logprob", logprob, bool)
     _check_type("rid", rids, str)
+    _check_type("logprob_start_len", starts, int)
     parsed = [parse_sampling_params(raw) for raw in params]
     if (total := sum(p.n for p in parsed)) > limits.max_sequences:
         raise RequestError(
@@ -144,6 +160,7 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
     for i, ids in enumerate(prompts):
         p = parsed[i]
         _check_prompt(ids, p, limits)
+        start = _logprob_start(starts[i], len(ids))
         want_logprob = bool(logprob[i])
         base_rid = str(rids[i]) if rids[i] is not None else uuid.uuid4().hex
         for j in range(p.n):
@@ -157,6 +174,7 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
                     return_logprob=want_logprob,
                     return_text_in_logprobs=text_in_logprobs,
                     max_new_tokens=limits.context_length - len(ids) if p.max_new_tokens is None else p.max_new_tokens,
+                    logprob_start=start,
                 )
             )
     return seqs, is_batch or len(seqs) > 1, stream
@@ -177,6 +195,18 @@ def _prompts(body: dict, tokenize) -> tuple[list[list[int]], bool]:
     if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
         return [tokenize(t) for t in text], True
     raise RequestError("text must be a string or a non-empty list of strings")
+
+
+def _logprob_start(value: int | None, n_input: int) -> int | None:
+    """SGLang's `logprob_start_len`: -1 (or absent) asks for output log-probs only."""
+    if value is None or value == -1:
+        return None
+    if not 0 <= value <= n_input:
+        raise RequestError(
+            f"logprob_start_len={value} must be -1 (output log-probs only) or in [0, {n_input}] "
+            f"(the number of input tokens)"
+        )
+    return value
 
 
 def _check_type(name: str, values: list[Any], tp: type) -> None:

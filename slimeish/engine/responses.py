@@ -28,10 +28,20 @@ def render(seq: Sequence, sched: Scheduler, *, index: int | None, text: str | No
     if seq.req.return_logprob:
         texts = [_token_text(sched, t) for t in ids] if seq.req.return_text_in_logprobs else [None] * len(ids)
         meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(seq.logprobs, ids, texts, strict=True)]
+        meta["input_token_logprobs"] = _input_logprobs(seq, sched)
     out: dict[str, Any] = {"text": seq.text if text is None else text, "output_ids": ids, "meta_info": meta}
     if index is not None:
         out["index"] = index
     return out
+
+
+def _input_logprobs(seq: Sequence, sched: Scheduler) -> list[list]:
+    """SGLang's `input_token_logprobs`: input positions from logprob_start_len on, the first input
+    token's log-prob None (nothing precedes it)."""
+    prompt = seq.req.input_ids[seq.req.prompt_logprob_start :]
+    logprobs: list[float | None] = [None] * (len(prompt) - len(seq.input_logprobs)) + list(seq.input_logprobs)
+    texts = [_token_text(sched, t) for t in prompt] if seq.req.return_text_in_logprobs else [None] * len(prompt)
+    return [[lp, t, s] for lp, t, s in zip(logprobs, prompt, texts, strict=True)]
 
 
 def _token_text(sched: Scheduler, token: int) -> str:

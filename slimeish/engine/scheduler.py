@@ -38,6 +38,7 @@ class Sequence:
     sampling: RowSampling
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)  # input positions >= max(logprob_start, 1)
     weight_spans: list[list[int]] = field(default_factory=list)  # [version, start, end) over output tokens
     finish_reason: dict | None = None
     text: str = ""
@@ -66,7 +67,7 @@ class Scheduler:
         seed = req.seed if req.seed is not None else random.getrandbits(63)
         p = req.params
         seq = Sequence(req, notify, random.Random(seed), RowSampling(p.temperature, p.top_p, p.top_k))
-        if req.max_new_tokens == 0:
+        if req.max_new_tokens == 0 and not req.wants_prompt_logprobs:
             self._finish(seq, {"type": "length", "length": 0})
         else:
             self.waiting.append(seq)
@@ -114,9 +115,7 @@ class Scheduler:
         decoding = len(self.running)
         admitted = self._admit()
         if admitted:
-            prompts = [s.req.input_ids for s in admitted]
-            logits = self.runner.forward(prompts, decoding, [0] * len(admitted))
-            self._append(admitted, logits)
+            self._prefill(admitted, decoding)
         if decoding:
             batch = self.running[:decoding]
             last = [[s.output_ids[-1]] for s in batch]
@@ -136,6 +135,20 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def _prefill(self, admitted: list[Sequence], first_row: int) -> None:
+        prompts = [s.req.input_ids for s in admitted]
+        starts = [s.req.prompt_logprob_start for s in admitted]
+        logits, prompt_logprobs = self.runner.prefill(prompts, first_row, starts)
+        generating = []
+        for row, (seq, logprobs) in enumerate(zip(admitted, prompt_logprobs, strict=True)):
+            seq.input_logprobs = logprobs
+            if seq.req.max_new_tokens == 0:  # a scoring request: the prompt's log-probs only
+                self._finish(seq, {"type": "length", "length": 0})
+            else:
+                generating.append(row)
+        if generating:
+            self._append([admitted[i] for i in generating], logits[generating])
 
     def _append(self, seqs: list[Sequence], logits) -> None:
         tokens, logprobs = sample(logits, [s.sampling for s in seqs], [s.rng.random() for s in seqs])

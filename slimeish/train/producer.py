@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from slimeish.buffer import Buffer, SessionInfo, Turn
-from slimeish.common.sample import Sample, Status
+from slimeish.common.sample import Sample, Status, teacher_metadata
 from slimeish.data import DataSource
 from slimeish.rollout import (
     RECORD_FROM_RETURN,
@@ -99,7 +99,7 @@ async def record_returned(buffer: Buffer, args: Any, session_id: str, member: li
             n_turns += 1
     lead = member[0]  # the rollout function gave the member's samples one status and reward
     status = Status.COMPLETED if lead.status == Status.PENDING else lead.status
-    body: dict[str, Any] = {"reward": lead.reward, "status": status.value, "metadata": {}}
+    body: dict[str, Any] = {"reward": lead.reward, "status": status.value, "metadata": teacher_metadata(member)}
     headers = {"Authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
     async with httpx.AsyncClient(timeout=60) as client:
         r = await client.post(f"{args.router_url}/sessions/{session_id}/finish", json=body, headers=headers)
@@ -121,7 +121,7 @@ async def _store_direct(buffer: Buffer, sample: Sample, args: Any) -> None:
         await buffer.append_turn(turn)
     status = Status.COMPLETED if sample.status == Status.PENDING else sample.status
     reward = None if status == Status.FAILED else sample.reward
-    await buffer.finish_session(session_id, reward, status.value)
+    await buffer.finish_session(session_id, reward, status.value, teacher_metadata([sample]))
 
 
 def train_output(out: object) -> RolloutFnTrainOutput:

@@ -360,10 +360,10 @@ _refuse_all(
 )
 _refuse_all(["--disable-compute-advantages-and-returns"], "advantages are always computed per group")
 _refuse_all(
-    ["--opd-type", "--opd-kl-coef", "--opd-teacher-load", "--opd-teacher-ckpt-step"],
-    "no on-policy distillation loss: Sample.teacher_log_probs is carried but not trained on",
+    ["--opd-teacher-load", "--opd-teacher-ckpt-step"],
+    "no teacher inside the trainer: --opd-type sglang, with the teacher served by `slimeish engine --model TEACHER` "
+    "at --rm-url",
 )
-_refuse_all(["--use-opd"], "no on-policy distillation loss: Sample.teacher_log_probs is carried but not trained on")
 _refuse_all(
     [
         "--wandb-mode",

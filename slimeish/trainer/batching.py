@@ -26,6 +26,7 @@ class MicroBatch:
     rollout_log_probs: Tensor  # [b, R] engine log-probs (0 where missing)
     advantages: Tensor  # [b, R] the sample's advantage on every response position
     has_rollout: Tensor  # [b] bool, whether the sample carries rollout_log_probs
+    teacher_log_probs: Tensor  # [b, R] an OPD teacher's log-probs of the response tokens (0 where missing)
 
     def to(self, device: torch.device) -> MicroBatch:
         return MicroBatch(indices=self.indices, **{k: getattr(self, k).to(device) for k in _TENSORS})
@@ -35,7 +36,9 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
 
-_TENSORS = ("input_ids", "response_start", "loss_mask", "rollout_log_probs", "advantages", "has_rollout")
+_TENSORS = (
+    "input_ids", "response_start", "loss_mask", "rollout_log_probs", "advantages", "has_rollout", "teacher_log_probs",
+)  # fmt: skip
 
 
 def validate_samples(samples: Sequence[Sample]) -> None:
@@ -67,12 +70,15 @@ def _collate(samples: list[Sample], indices: list[int], advantages: Tensor) -> M
     input_ids = torch.zeros(b, seq_len, dtype=torch.long)
     mask = torch.zeros(b, resp_len)
     rollout = torch.zeros(b, resp_len)
+    teacher = torch.zeros(b, resp_len)
     for row, s in enumerate(samples):
         input_ids[row, : len(s.tokens)] = torch.tensor(s.tokens)
         r = s.response_length
         mask[row, :r] = torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * r, dtype=torch.float32)
         if s.rollout_log_probs is not None:
             rollout[row, :r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+        if s.teacher_log_probs is not None:
+            teacher[row, :r] = torch.as_tensor(s.teacher_log_probs, dtype=torch.float32)
     starts = torch.tensor([s.prompt_length - 1 for s in samples])
     return MicroBatch(
         indices=indices,
@@ -82,6 +88,7 @@ def _collate(samples: list[Sample], indices: list[int], advantages: Tensor) -> M
         rollout_log_probs=rollout,
         advantages=advantages.float().unsqueeze(-1).expand(b, resp_len).clone(),
         has_rollout=torch.tensor([s.rollout_log_probs is not None for s in samples]),
+        teacher_log_probs=teacher,
     )
 
 

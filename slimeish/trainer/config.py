@@ -44,6 +44,17 @@ class LossConfig:
     tis: bool = help_field(False, help="truncated importance sampling between trainer and rollout log-probs")
     tis_clip_low: float = help_field(0.0, help="lower bound of the TIS weight")
     tis_clip_high: float = help_field(2.0, help="upper bound of the TIS weight")
+    use_opd: bool = help_field(
+        False,
+        help="on-policy distillation (slime's OPD): each token's advantage is lowered by --opd-kl-coef x "
+        "(pi_old - teacher log-prob), the teacher's from Sample.teacher_log_probs (set by a reward post-process)",
+    )
+    opd_type: Literal["sglang", "megatron"] | None = help_field(
+        None,
+        help="slime's OPD teacher: sglang (a teacher server scores the samples in the reward, e.g. a second "
+        "`slimeish engine` at --rm-url); megatron (a teacher in the trainer) is not supported",
+    )
+    opd_kl_coef: float = help_field(1.0, help="weight of the OPD reverse KL in the advantages")
 
     def __post_init__(self) -> None:
         if self.eps_clip < 0 or (self.eps_clip_high is not None and self.eps_clip_high < 0):
@@ -52,10 +63,25 @@ class LossConfig:
             raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
         if self.loss_type == "sft_loss" and self.tis:
             raise ValueError("--loss-type sft_loss trains on no rollout log-probs; drop --tis")
+        self._check_opd()
         if self.tis and self.old_log_probs == "rollout":
             raise ValueError("tis corrects trainer-vs-rollout mismatch; it needs old_log_probs='trainer'")
         if not 0 <= self.tis_clip_low <= self.tis_clip_high:
             raise ValueError("need 0 <= tis_clip_low <= tis_clip_high")
+
+    def _check_opd(self) -> None:
+        if not self.use_opd:
+            return
+        if self.opd_type is None:
+            raise ValueError("--use-opd needs --opd-type sglang (the teacher's log-probs come from the reward)")
+        if self.opd_type == "megatron":
+            raise ValueError(
+                "--opd-type megatron (a teacher model inside the trainer) is not supported: serve the teacher with "
+                "`slimeish engine --model TEACHER`, give its /generate as --rm-url, and use --opd-type sglang "
+                "with slime's OPD reward function and post-process"
+            )
+        if self.loss_type == "sft_loss":
+            raise ValueError("--use-opd adds to the policy-gradient advantages; --loss-type sft_loss has none")
 
 
 @dataclass(kw_only=True)

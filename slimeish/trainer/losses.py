@@ -99,6 +99,17 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, normalizer: float) -> 
     raise ValueError(f"unknown loss aggregation {mode!r}; expected 'token' or 'sequence'")
 
 
+def opd_advantages(
+    advantages: Tensor, student_log_probs: Tensor, teacher_log_probs: Tensor, coef: float
+) -> tuple[Tensor, Tensor]:
+    """On-policy distillation as slime applies it: the per-token reverse KL estimate
+    log pi(y_t) - log pi_teacher(y_t), detached, lowers each token's advantage by `coef` times it,
+    so the policy gradient pushes the student's log-prob towards the teacher's. Returns the new
+    advantages and the reverse KL (for logging)."""
+    reverse_kl = (student_log_probs - teacher_log_probs).detach()
+    return advantages - coef * reverse_kl, reverse_kl
+
+
 def sft_loss(log_probs: Tensor) -> Tensor:
     """Per-token negative log-likelihood (slime's `sft_loss`): the trained tokens are targets, so
     neither advantages nor the engine's log-probs take part."""

@@ -135,6 +135,8 @@ class Trainer:
         needs = self.loss_config.old_log_probs == "rollout" or self.loss_config.tis
         if needs and any(s.rollout_log_probs is None for s in samples):
             raise ValueError("old_log_probs='rollout' and tis need rollout_log_probs on every sample")
+        if self.loss_config.use_opd:
+            check_teacher_log_probs(samples)
 
     def _optimizer_step(
         self, samples: list[Sample], advantages: Tensor, old: list[list[float]] | None
@@ -179,7 +181,12 @@ class Trainer:
         log_p, entropy = response_log_probs(self.model, mb, self.shape.vocab_size)
         trainer_old = log_p.detach() if old_mb is None else old_mb.to(self.device)
         old = mb.rollout_log_probs if cfg.old_log_probs == "rollout" else trainer_old
-        per_token, stats = L.policy_loss(cfg, log_p, old, mb.advantages, mask)
+        advantages = mb.advantages
+        if cfg.use_opd:  # slime's student log-probs are pi_old's: the trainer's, or the engine's
+            advantages, reverse_kl = L.opd_advantages(advantages, old, mb.teacher_log_probs, cfg.opd_kl_coef)
+        per_token, stats = L.policy_loss(cfg, log_p, old, advantages, mask)
+        if cfg.use_opd:
+            stats["opd_kl"] = L.masked_mean(reverse_kl, mask)
         if cfg.tis:
             per_token = per_token * L.truncated_is_weights(
                 trainer_old, mb.rollout_log_probs, cfg.tis_clip_low, cfg.tis_clip_high
@@ -263,3 +270,15 @@ def _rows(mb: MicroBatch, per_sample: list[list[float]]) -> Tensor:
     for row, i in enumerate(mb.indices):
         out[row, : len(per_sample[i])] = torch.tensor(per_sample[i])
     return out
+
+
+def check_teacher_log_probs(samples: Sequence[Sample]) -> None:
+    """OPD trains on a teacher log-prob per response token: refuse a batch that lacks them."""
+    for s in samples:
+        n = None if s.teacher_log_probs is None else len(s.teacher_log_probs)
+        if n != s.response_length:
+            raise ValueError(
+                f"--use-opd: sample {s.session_id or s.index} has {n} teacher_log_probs for {s.response_length} "
+                "response tokens; a --custom-reward-post-process-path sets one per response token (slime's "
+                "on_policy_distillation.post_process_rewards does, from a teacher's input_token_logprobs)"
+            )

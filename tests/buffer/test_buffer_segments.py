@@ -111,3 +111,17 @@ def test_a_turn_stored_before_the_parse_outcome_decodes_as_parsed():
     del old["parse_failure"], old["tool_calls"]
     stored = decode_turn(msgspec.msgpack.encode(old))
     assert (stored.parse_failure, stored.tool_calls) == (None, 0)
+
+
+def test_teacher_log_probs_given_at_finish_are_stored_per_segment_as_float32():
+    """OPD: the finish metadata's teacher log-probs (one list per segment) go onto each segment's
+    sample, as float32 bytes in its header, not into its metadata."""
+    turns = [turn("s", 0, prompt=[1, 2], out=[3, 4]), turn("s", 1, seg=1, prompt=[5], out=[6])]
+    teacher = {"teacher_log_probs": [[-0.5, -1.25], [-2.0]], "k": 1}
+    packed = build_samples([t.pack() for t in turns], status="completed", index=0, group_index=0, metadata=teacher)
+    headers = [decode_sample_header(encode_sample_header(p)) for p in packed]
+    assert all(len(h["teacher_log_probs"]) == 4 * p.response_length for h, p in zip(headers, packed, strict=True))
+    rebuilt = assemble([decode_turn(encode_turn(t.pack())) for t in turns], headers, 0.0)
+    assert [s.teacher_log_probs for s in rebuilt] == [[-0.5, -1.25], [-2.0]]
+    assert all(s.metadata == {"k": 1} for s in rebuilt)
+    assert [s.teacher_log_probs for s in samples(turns)] == [None, None]  # none given: none stored

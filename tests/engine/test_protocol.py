@@ -42,6 +42,8 @@ def test_single_batch_and_n_expand_in_order():
         ({"input_ids": [1], "text": "a"}, "exactly one"),
         ({"input_ids": [1], "return_logprob": "yes"}, "return_logprob"),
         ({"input_ids": [[1], [2]], "sampling_params": [{}]}, "1 entries for 2 prompts"),
+        ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 3}, r"in \[0, 2\]"),
+        ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": "0"}, "logprob_start_len must be a int"),
     ],
 )
 def test_bad_requests_name_the_problem(body, needle):

@@ -77,3 +77,35 @@ async def test_a_failing_step_aborts_its_batch_and_the_loop_goes_on(tiny_model, 
         assert ok.finish_reason == {"type": "length", "length": 4} and not sched.running
     finally:
         task.cancel()
+
+
+def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monkeypatch):
+    """Prompt log-probs (computed in chunks, here of 2 positions) equal a full forward; scoring-only
+    sequences leave the batch at once, and the generating one beside them still decodes exactly."""
+    monkeypatch.setattr("slimeish.engine.model_runner._LOGPROB_CHUNK", 2)
+    runner = ModelRunner(str(tiny_model), device="cpu", dtype="float32", rows=4, context_length=64)
+    sched = Scheduler(runner, max_rows=4, max_prefill_tokens=64, weight_version=0)
+    prompts = [[3, 1, 4, 1, 5, 9, 2], [5, 6, 7], [8, 8, 2, 7, 1]]
+    new_tokens, starts = [0, 6, 0], [0, None, 2]
+    finished = []
+    for i, (prompt, n, start) in enumerate(zip(prompts, new_tokens, starts, strict=True)):
+        params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+        req = SequenceRequest(f"r{i}", i, prompt, params, i, True, False, n, logprob_start=start)
+        sched.submit(req, lambda s: s.finished and finished.append(s))
+    sched.step()
+    assert sorted(s.req.rid for s in finished) == ["r0", "r2"] and len(sched.running) == 1
+    while not sched.idle:
+        sched.step()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    for seq in finished:
+        full = seq.req.input_ids + seq.output_ids
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([full])).logits[0, :-1], -1)
+        expected = logp[torch.arange(len(full) - 1), torch.tensor(full[1:])]
+        prompt_len = len(seq.req.input_ids)
+        first = max(seq.req.prompt_logprob_start, 1)
+        torch.testing.assert_close(
+            torch.tensor(seq.input_logprobs), expected[first - 1 : prompt_len - 1], atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(torch.tensor(seq.logprobs), expected[prompt_len - 1 :], atol=1e-4, rtol=0)
+    assert [len(s.output_ids) for s in sorted(finished, key=lambda s: s.req.rid)] == [0, 6, 0]

@@ -83,6 +83,54 @@ def test_logprobs_equal_a_full_hf_forward(client, tiny_model):
         assert (got - expected).abs().max().item() <= 1e-4
 
 
+def test_prompt_logprobs_equal_a_full_hf_forward(client, tiny_model):
+    """A teacher's scoring request as slime's OPD reward sends it: no output, every input
+    position's log-prob (the first None), in a batch with a prompt scored from position 3."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    prompts = [PROMPT, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
+    body = {
+        "input_ids": prompts,
+        "sampling_params": {"max_new_tokens": 0, "temperature": 1.0, "skip_special_tokens": False},
+        "return_logprob": True,
+        "logprob_start_len": [0, 3],
+    }
+    outs = post_generate(client, body)
+    for prompt, start, out in zip(prompts, [0, 3], outs, strict=True):
+        assert out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+        entries = out["meta_info"]["input_token_logprobs"]
+        assert [e[1] for e in entries] == prompt[start:]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt])).logits[0, :-1]
+        expected = torch.log_softmax(logits.float(), -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        got = [e[0] for e in entries]
+        if start == 0:
+            assert got[0] is None
+            got = got[1:]
+        assert (torch.tensor(got) - expected[max(start, 1) - 1 :]).abs().max().item() <= 1e-5
+
+
+def test_prompt_logprob_of_a_sampled_token_is_what_generation_reported(client):
+    gen = post_generate(
+        client,
+        {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}, "return_logprob": True},
+    )
+    scored = post_generate(
+        client,
+        {
+            "input_ids": PROMPT + gen["output_ids"],
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": len(PROMPT),
+        },
+    )
+    reported = [e[0] for e in gen["meta_info"]["output_token_logprobs"]]
+    entries = scored["meta_info"]["input_token_logprobs"]
+    assert [e[1] for e in entries] == gen["output_ids"]
+    assert torch.allclose(torch.tensor([e[0] for e in entries]), torch.tensor(reported), atol=1e-5)
+    # SGLang's default (-1): output log-probs only
+    assert gen["meta_info"]["input_token_logprobs"] == []
+
+
 def test_sampling_seed_reproduces_and_stops_apply(client):
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 12, "sampling_seed": 7, "ignore_eos": True}}
     a, b = post_generate(client, body), post_generate(client, body)

@@ -87,3 +87,26 @@ def sft_rollout(args, rollout_id, data_source, evaluation=False):
         sample.reward = 0
         sample.loss_mask = loss_mask[-response_length:]
     return groups
+
+
+async def teacher_logprob_reward(args, sample: Sample, **kwargs) -> dict:
+    """An on-policy distillation reward in slime's style: the teacher at --rm-url scores the
+    whole sequence (no new tokens, every input position's log-prob); its answer is the raw reward."""
+    payload = {
+        "input_ids": sample.tokens,
+        "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0, "skip_special_tokens": False},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+    return await post(args.rm_url, payload)
+
+
+def teacher_logprobs_post_process(args, samples: list[Sample], **kwargs):
+    """Keep the response's part of each teacher answer as `teacher_log_probs`; reward 0 (pure distillation)."""
+    import torch
+
+    for sample in samples:
+        entries = sample.get_reward_value(args)["meta_info"]["input_token_logprobs"][1:]
+        sample.teacher_log_probs = torch.tensor([e[0] for e in entries], dtype=torch.float32)[-sample.response_length :]
+    rewards = [0.0] * len(samples)
+    return rewards, rewards

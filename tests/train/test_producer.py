@@ -94,3 +94,32 @@ async def test_stale_members_are_generated_again_into_their_group(valkey):
         (2, 2.0, [5]),
     ]
     assert group.metadata == {"prompt": "p", "label": "L", "group_index": 0, "eval": False, "k": 1}
+
+
+class TeacherScoredRollout:
+    """A slime-style rollout whose reward post-process left each sample's `teacher_log_probs`
+    (a tensor, as slime's OPD post-process sets them), one per response token."""
+
+    def __call__(self, args, rollout_id, data_source, evaluation=False):
+        import torch
+
+        groups = data_source.get_samples(args.rollout_batch_size)
+        for group in groups:
+            for s in group:
+                s.tokens, s.response_length, s.loss_mask = [1, 2, 3, 4], 3, [1, 0, 1]
+                s.rollout_log_probs, s.weight_versions = [-0.5, 0.0, -0.25], [0]
+                s.teacher_log_probs = torch.tensor([-1.0, -2.0, -0.5 - s.index])
+                s.reward, s.status = 0.0, Sample.Status.COMPLETED
+        return RolloutFnTrainOutput(samples=groups)
+
+
+async def test_teacher_log_probs_come_back_aligned_with_the_rollout_log_probs(valkey):
+    args = SimpleNamespace(rollout_batch_size=1, n_samples_per_prompt=2)
+    data = DataSource([Sample(prompt="p", label="L")], 2, shuffle=False)
+    async with Buffer(valkey.url, "producer-teacher", BufferConfig()) as buffer:
+        await RolloutProducer(TeacherScoredRollout(), args, data, buffer).run_once()
+        (group,) = (await buffer.take_groups(1, "t", current_version=0)).groups
+    for s in group.samples:
+        assert s.rollout_log_probs == [-0.5, 0.0, -0.25]
+        assert s.teacher_log_probs == [-1.0, -2.0, -0.5 - s.index]
+        assert "teacher_log_probs" not in s.metadata  # moved to the field, not left beside it

@@ -80,3 +80,28 @@ def test_slimes_sft_rollout_trains_samples_without_log_probs(tiny_model, valkey,
     assert len(steps) == 3 and steps[-1]["train/loss"] < steps[0]["train/loss"]
     samples = asyncio.run(stored_samples(valkey.url, "sft"))
     assert len(samples) == 6 and all(set(s.loss_mask) == {1} and s.response_length > 3 for s in samples)
+
+
+def test_on_policy_distillation_with_a_teacher_engine_trains(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+    """slime's OPD recipe: the reward asks a second engine (the teacher, at --rm-url) for the prompt
+    log-probs of each sample, the post-process keeps the response's as teacher_log_probs, and
+    --use-opd trains on the reverse KL. Teacher = student here, so the KL is ~0 on the first step."""
+    from tests.engine.conftest import start_engine
+
+    teacher, url = start_engine(tiny_model, tmp_path)
+    try:
+        run_dir = tmp_path / "opd"
+        argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "2", "--run-id", "opd")
+        argv[argv.index("--custom-rm-path") + 1] = "tests.train.slime_style_plugins.teacher_logprob_reward"
+        post_process = "tests.train.slime_style_plugins.teacher_logprobs_post_process"
+        argv += ["--custom-reward-post-process-path", post_process, "--rm-url", f"{url}/generate",
+                 "--use-opd", "--opd-type", "sglang", "--opd-kl-coef", "1.0"]  # fmt: skip
+        run_train(argv, tmp_path / "opd.log")
+    finally:
+        teacher.stop()
+    steps = [r for r in metrics(run_dir) if "train/loss" in r]
+    assert len(steps) == 2
+    assert abs(steps[0]["train/opd_kl"]) <= 1e-4  # the teacher's log-probs are the student's own
+    assert all("train/opd_kl" in r for r in steps)
+    samples = asyncio.run(stored_samples(valkey.url, "opd"))
+    assert samples and all(s.teacher_log_probs is not None for s in samples)

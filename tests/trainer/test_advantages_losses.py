@@ -139,3 +139,34 @@ def test_sft_loss_is_the_nll_of_the_trained_tokens_and_ignores_advantages():
     assert log_p.grad is not None and log_p.grad.tolist() == [[-0.5, -0.5, 0.0]]  # raises the targets' likelihood
     with pytest.raises(ValueError, match="drop --tis"):
         LossConfig(loss_type="sft_loss", tis=True)
+
+
+def test_opd_lowers_each_advantage_by_the_reverse_kl_and_its_gradient_follows():
+    """slime's OPD: A'_t = A - coef (log pi_old(y_t) - log pi_teacher(y_t)); through the PPO loss at
+    ratio 1 the gradient of the per-token loss w.r.t. log pi is -A'_t."""
+    log_p = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    teacher = torch.tensor([[-1.5, -1.0, -0.5]])
+    adv = torch.full((1, 3), 0.25)
+    new_adv, reverse_kl = L.opd_advantages(adv, log_p.detach(), teacher, coef=0.5)
+    torch.testing.assert_close(reverse_kl, torch.tensor([[0.5, -1.0, 0.0]]))
+    torch.testing.assert_close(new_adv, torch.tensor([[0.0, 0.75, 0.25]]))
+    cfg = LossConfig(use_opd=True, opd_type="sglang", opd_kl_coef=0.5)
+    per_token, _ = L.policy_loss(cfg, log_p, log_p.detach(), new_adv, torch.ones(1, 3))
+    per_token.sum().backward()
+    assert log_p.grad is not None
+    torch.testing.assert_close(log_p.grad, -new_adv)
+    # the teacher's log-prob never gets a gradient path, nor does pi_old's
+    assert not reverse_kl.requires_grad
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"use_opd": True}, "--opd-type sglang"),
+        ({"use_opd": True, "opd_type": "megatron"}, "slimeish engine --model TEACHER"),
+        ({"use_opd": True, "opd_type": "sglang", "loss_type": "sft_loss"}, "sft_loss has none"),
+    ],
+)
+def test_opd_config_refuses_what_it_cannot_train(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        LossConfig(**kwargs)

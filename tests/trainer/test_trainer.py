@@ -121,3 +121,21 @@ def test_micro_batching_gives_the_full_batch_gradient(tiny_model, aggregation):
         tokens.append(metrics["tokens"])
     assert norms[0] == pytest.approx(norms[1], rel=1e-5)
     assert tokens[0] == tokens[1] == sum(sum(s.loss_mask) for s in samples)
+
+
+def test_opd_moves_the_student_towards_a_teacher_surer_of_its_tokens(tiny_model):
+    """Equal rewards (zero GRPO advantages): the whole signal is the OPD term. A teacher 1 nat surer
+    of every sampled token makes the step raise their log-probs; a batch without teacher
+    log-probs is refused."""
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=1e-2, global_batch_size=8),
+                      LossConfig(use_opd=True, opd_type="sglang", opd_kl_coef=1.0))  # fmt: skip
+    samples = random_samples(2, 4, seed=3)
+    with pytest.raises(ValueError, match="teacher_log_probs"):
+        trainer.train_step(samples)
+    before = trainer.compute_log_probs(samples)
+    for s, lp in zip(samples, before, strict=True):
+        s.reward, s.teacher_log_probs = 0.5, [x + 1.0 for x in lp]
+    metrics = trainer.train_step(samples)
+    assert metrics["opd_kl"] == pytest.approx(-1.0, abs=1e-4)
+    after = trainer.compute_log_probs(samples)
+    assert sum(map(sum, after)) > sum(map(sum, before))
