@@ -43,6 +43,21 @@ def test_responses_items_converted_incrementally_equal_a_full_conversion(turns):
     assert full[1] == {"role": "assistant", "content": "ok", **reasoning, "tool_calls": [call]}
 
 
+def test_an_episode_of_messages_and_calls_is_converted_incrementally():
+    """What most agents send: each turn adds the reply's items and the next user or tool item.
+    The earlier messages are the objects converted before (the whole history is not converted
+    again, which made a Responses turn's CPU and garbage grow with the episode)."""
+    reply, user = {"type": "message", "role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "3"}
+    session, raw, first = SimpleNamespace(converted={}), [{"role": "user", "content": "hi"}], None
+    for tail in ([reply, user], [CALL, output], [reply, CALL, output], [reply, user]):
+        raw = [*raw, *tail]
+        messages = convert(session, "responses", raw, verified, R._resumable)  # type: ignore[arg-type]
+        assert messages == verified(raw, 0, frozenset())[0]
+        first = first or messages[0]
+        assert messages[0] is first
+
+
 def test_messages_converted_incrementally_equal_a_full_conversion_and_check_only_the_tail():
     use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}}]}
     result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}
