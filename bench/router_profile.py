@@ -33,7 +33,7 @@ PATHS = ("chat", "responses", "messages")
 def serve_router(stats_path: str, argv: list[str]) -> None:
     """`slimeish router argv...`; SIGUSR1 writes the collections since the last one to `stats_path`
     (and, with $PROFILE_ROUTER set, the functions' CPU since then to `stats_path`.prof, cProfile's)."""
-    pauses: list[tuple[int, float]] = []  # (generation, seconds)
+    pauses: list[tuple[int, float, int]] = []  # (generation, seconds, unreachable objects freed)
     started = [0.0]
     profiler = cProfile.Profile() if os.environ.get("PROFILE_ROUTER") else None
 
@@ -41,7 +41,7 @@ def serve_router(stats_path: str, argv: list[str]) -> None:
         if phase == "start":
             started[0] = time.perf_counter()
         else:
-            pauses.append((info["generation"], time.perf_counter() - started[0]))
+            pauses.append((info["generation"], time.perf_counter() - started[0], info["collected"]))
 
     def dump(*_) -> None:
         if profiler is not None:
@@ -91,15 +91,16 @@ class ProfiledStack(Stack):
 def gc_summary(stats: dict, requests: int) -> str:
     pauses, cells = stats["pauses"], [f"{stats['objects'] / 1000:.0f}k"]
     for generation in (0, 1, 2):
-        ms = [1e3 * s for g, s in pauses if g == generation]
+        ms = [1e3 * s for g, s, _ in pauses if g == generation]
         cells.append(f"{len(ms)} / {sum(ms) / requests:.3f} / {max(ms, default=0):.1f}")
+    cells.append(f"{sum(p[2] for p in pauses) / requests:.1f}")
     return " | ".join(cells)
 
 
 HEADER = [
     "| path | requests | router CPU ms/req | objects tracked after | gen0 collections: n / ms per req / "
-    "longest ms | gen1 | gen2 | CPU ms turn 1 | turn {turns} |",
-    "|" + "---|" * 9,
+    "longest ms | gen1 | gen2 | cyclic garbage per req | CPU ms turn 1 | turn {turns} |",
+    "|" + "---|" * 10,
 ]
 
 

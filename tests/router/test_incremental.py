@@ -5,11 +5,12 @@ from __future__ import annotations
 from functools import partial
 from types import SimpleNamespace
 
+import orjson
 import pytest
 
 from slimeish.router.dialects import messages as M
 from slimeish.router.dialects import responses as R
-from slimeish.router.dialects.incremental import convert
+from slimeish.router.dialects.incremental import Converted, convert
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}
 TURNS = [
@@ -56,6 +57,22 @@ def test_an_episode_of_messages_and_calls_is_converted_incrementally():
         assert messages == verified(raw, 0, frozenset())[0]
         first = first or messages[0]
         assert messages[0] is first
+
+
+@pytest.mark.parametrize(
+    ("items", "extends"),
+    [
+        ([{"role": "user", "content": "hi there"}, {"role": "user", "content": "x"}], True),
+        ([{"role": "user", "content": "hi there!"}, {"role": "user", "content": "x"}], False),  # edited
+        ([{"role": "user", "content": "hi"}, {"role": "user", "content": "x"}], False),  # edited, shorter
+        ([{"role": "user", "content": "hi there"}], False),  # the same items again
+        ([1, 2], False),  # more items, fewer bytes than the ones kept
+    ],
+)
+def test_a_request_extends_the_items_kept_only_when_it_starts_with_them(items, extends):
+    kept = [{"role": "user", "content": "hi there"}]
+    cache = Converted(len(kept), orjson.dumps(kept), [], frozenset())
+    assert cache.extended_by(items, orjson.dumps(items)) is extends
 
 
 def test_messages_converted_incrementally_equal_a_full_conversion_and_check_only_the_tail():
