@@ -68,7 +68,7 @@ def _build_state(config: RouterConfig, store: TurnStore, client: aiohttp.ClientS
 
 def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: bool = False) -> RouterApp:
     """The router app; `store` overrides the one `config` names (tests pass a MemoryStore).
-    `freeze_gc` is for a process that serves only this app (see `_freeze_startup_objects`)."""
+    `freeze_gc` is for a process that serves only this app (see `_tune_gc`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,7 +77,7 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
             app.state.router = state
             await state.pool.check_health()
             if freeze_gc:
-                _freeze_startup_objects()
+                _tune_gc()
             health = asyncio.create_task(state.pool.health_loop(config.health_interval))
             try:
                 yield
@@ -93,13 +93,20 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
     return app
 
 
-def _freeze_startup_objects() -> None:
+def _tune_gc() -> None:
     """Keep the objects built at start-up (transformers, the tokenizer, FastAPI: ~400k) out of
     every later garbage collection. Without this, each full collection walks all of them: a
     ~100 ms pause of the event loop every few seconds under load, i.e. every request in flight
-    then waits that long (the router's p99, docs/benchmarks.md)."""
+    then waits that long (the router's p99, docs/benchmarks.md).
+
+    Then collect the youngest generation every 10,000 net container allocations, not 700: a turn
+    allocates hundreds (its parsed body, a Responses request's items five each) that reference
+    counting frees once it is answered (no path leaves cyclic garbage: bench/router_profile.py),
+    so a collection every few requests found nothing to free, only promoted the turns in flight
+    towards the old generation, whose full collections then walked every session's history."""
     gc.collect()  # what is garbage now would otherwise be frozen with the rest, never freed
     gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 class MetricsMiddleware:

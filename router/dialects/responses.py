@@ -215,11 +215,15 @@ def chat_messages(state: RouterState, session: Session | None, raw: str | list, 
 
 
 def _resumable(raw: list[Any], start: int) -> bool:
-    """A function_call right after an assistant item, or an assistant item right after a reasoning
-    item, belongs to that item's message: convert all."""
+    """Whether the item at `start` opens a message of its own. A function_call right after an item
+    of an assistant message (reasoning, an assistant message, a call), or an assistant message
+    right after a reasoning item, completes that item's message: then convert all."""
     kind, before = _item_type(raw[start]), _item_type(raw[start - 1])
-    joins = kind == "function_call" or (kind == "message" and _role(raw[start]) == "assistant")
-    return not (joins and before in ("function_call", "message", "reasoning"))
+    if kind == "function_call":
+        return not (
+            before in ("function_call", "reasoning") or (before == "message" and _role(raw[start - 1]) == "assistant")
+        )
+    return not (kind == "message" and _role(raw[start]) == "assistant" and before == "reasoning")
 
 
 def _role(item: Any) -> Any:
