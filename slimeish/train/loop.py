@@ -63,7 +63,7 @@ async def supervised(training: Coroutine[Any, Any, None], stack: Stack) -> None:
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=1.0)
-            if stack.supervisor.fatal is not None and not task.done():
+            if stack.fatal is not None and not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 stack.raise_if_failed()
