@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import redis
@@ -91,17 +92,18 @@ def flags(**values: object) -> list[str]:
     return [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
 
 
-# The argv of each part, shared by the local `Stack` and the Ray launcher (`slimeish.cluster`).
-def buffer_argv(data_dir: Path, port: int, host: str = "127.0.0.1") -> list[str]:
+# The argv of each part, shared by the local `Stack` and the Ray launcher (`slimeish.cluster`), which
+# gives "{port}" and "{host}" to fill in on the node the part lands on.
+def buffer_argv(data_dir: Path, port: int | str, host: str = "127.0.0.1") -> list[str]:
     return ["buffer", "serve", *flags(dir=data_dir, port=port, host=host)]
 
 
-def engine_argv(model_path: Path, port: int, device: str, host: str = "127.0.0.1") -> list[str]:
+def engine_argv(model_path: Path, port: int | str, device: str, host: str = "127.0.0.1") -> list[str]:
     return ["engine", *flags(model=model_path, port=port, device=device, host=host)]
 
 
 def router_argv(
-    model_path: Path, port: int, *, buffer_url: str, run_id: str, admin_token: str, engine_urls: list[str],
+    model_path: Path, port: int | str, *, buffer_url: str, run_id: str, admin_token: str, engine_urls: list[str],
     host: str = "127.0.0.1",
 ) -> list[str]:  # fmt: skip
     argv = ["router", *flags(model=model_path, port=port, buffer_url=buffer_url, run_id=run_id, host=host)]
@@ -121,6 +123,25 @@ def router_engines(method: str, router_url: str, engine_url: str, admin_token: s
         return
     if r.status_code >= 400 and r.status_code != 404:
         log.warning("router answered %s to %s of %s: %s", r.status_code, method, engine_url, r.text[:300])
+
+
+class RunningStack(Protocol):
+    """What the loop reads of a launcher's running parts (`Stack`, `slimeish.cluster.RayStack`)."""
+
+    buffer_url: str
+    engine_urls: list[str]
+    admin_token: str
+
+    @property
+    def router_url(self) -> str: ...
+
+    @property
+    def router_urls(self) -> list[str]: ...
+
+    @property
+    def fatal(self) -> str | None: ...
+
+    def raise_if_failed(self) -> None: ...
 
 
 class Stack:
