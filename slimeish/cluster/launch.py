@@ -39,6 +39,7 @@ class Part:
     url: str = ""
     node_id: str = ""
     out: bool = False  # taken out of the routers' pools (an engine that is restarting or given up)
+    given_up: bool = False
     moves: int = 0  # times Ray started it on another node
 
 
@@ -153,7 +154,8 @@ class RayStack:
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
             for part in self.parts:
-                self._check(part)
+                if not part.given_up:
+                    self._check(part)
 
     def _check(self, part: Part) -> None:
         try:
@@ -185,18 +187,19 @@ class RayStack:
         self._write_parts()
 
     def _lost(self, part: Part, why: str) -> None:
-        if part.out and self._fatal is None and part.role == "engine":
-            return  # already given up
-        engines_up = [p for p in self._parts("engine") if p is not part and not p.out]
+        """The local rule: the run goes on without a given-up engine while another is up; any other
+        lost part stops it."""
+        part.given_up = True
+        engines_up = [p for p in self._parts("engine") if not p.given_up]
         if part.role == "engine" and engines_up:
             log.error("%s; giving it up, the run goes on with %d engine(s)", why, len(engines_up))
-            self._routers("DELETE", part.url)
-            part.out = True
+            if not part.out:
+                self._routers("DELETE", part.url)
+                part.out = True
             return
-        if self._fatal is None:
-            hint = "" if part.role == "engine" else "; run the same command again to resume (docs/cluster.md)"
-            log.error("%s; stopping the run", why)
-            self._fatal = why + hint
+        log.error("%s; stopping the run", why)
+        hint = "" if part.role == "engine" else "; run the same command again to resume (docs/cluster.md)"
+        self._fatal = self._fatal or why + hint
 
     def _routers(self, method: str, engine_url: str) -> None:
         for router in self.router_urls:

@@ -79,3 +79,27 @@ def test_a_ray_run_places_each_part_by_its_resources_and_survives_a_node_removed
 def moved(run_dir: Path) -> int:
     parts = json.loads((run_dir / "parts.json").read_text())
     return sum(p.get("moves", 0) for p in parts.values())
+
+
+def test_a_router_whose_node_died_stops_the_run_and_the_same_command_resumes_it(tiny_model, prompts, tmp_path, cluster):
+    """A router is not moved (its clients hold its URL): the run stops naming it, and the same
+    command, once a node for routers is back, resumes with no group lost or trained twice."""
+    run_dir = tmp_path / "routerdeath"
+    argv = fault_argv(
+        tiny_model, prompts, run_dir, "--launcher", "ray", "--ray-address", cluster.address,
+        "--engine-resources", '{"engine": 1}', "--router-resources", '{"router": 1}',
+        "--buffer-resources", '{"trainer": 1}',
+    )  # fmt: skip
+    log = tmp_path / "train.log"
+    with ManagedProcess(argv, log_path=log) as proc:
+        wait_for(lambda: (run_dir / "trained_groups.jsonl").exists() and len(ledger(run_dir)) >= 4, "4 steps", proc)
+        cluster.remove_node(cluster.nodes_by_role["router"])
+        assert proc.proc.wait(300) != 0
+    assert "router0's actor died and is not restarted" in log.read_text()
+    assert "run the same command again to resume" in log.read_text()
+    assert len(ledger(run_dir)) < STEPS
+
+    cluster.add_node(num_cpus=2, resources={"router": 2})
+    with ManagedProcess(argv, log_path=tmp_path / "resumed.log") as proc:
+        assert proc.proc.wait(600) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    check_exactly_once(run_dir)
