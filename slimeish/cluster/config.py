@@ -16,6 +16,11 @@ class ClusterConfig:
     ray_address: str | None = help_field(
         None, help="Ray cluster to join (default: $RAY_ADDRESS, else a Ray started on this machine)"
     )
+    engine_backend: Literal["embedded", "sglang"] = help_field(
+        "embedded",
+        help="--launcher ray: embedded starts `slimeish engine` (--engine-device); sglang starts SGLang's "
+        "launch_server on the GPUs Ray gives the actor (--tp-size = --engine-num-gpus)",
+    )
     engine_num_gpus: float = help_field(0.0, help="GPUs each engine actor reserves (--launcher ray)")
     engine_num_cpus: float = help_field(1.0, help="CPUs each engine actor reserves (--launcher ray)")
     engine_resources: dict[str, float] = help_field(

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
@@ -95,20 +96,40 @@ class RayStack:
         if self.cfg.buffer_url:
             self.buffer_url = self.cfg.buffer_url
         else:
-            (self.buffer_url,) = self._start("buffer", [buffer_argv(self.run_dir / "buffer", "{port}", "{host}")])
+            (self.buffer_url,) = self._start(
+                "buffer", [["slimeish", *buffer_argv(self.run_dir / "buffer", "{port}", "{host}")]]
+            )
         if self.cfg.engine_url:
             self.engine_urls = [check_engine(url, self.weight_sync) for url in self.cfg.engine_url]
         else:
-            argv = engine_argv(self.model_path, "{port}", self.cfg.engine_device, "{host}")
-            self.engine_urls = self._start("engine", [argv] * self.cfg.num_engines)
+            self.engine_urls = self._start("engine", [self._engine_argv()] * self.cfg.num_engines)
+            for url in self.engine_urls:  # an engine that cannot take this run's weights fails the run now
+                check_engine(url, self.weight_sync)
+            self._check_tensor_sync()
         n_routers: int = getattr(self.cfg, "num_routers", 1)  # StackConfig's --num-routers, where it has one
         argv = router_argv(
             self.model_path, "{port}", buffer_url=self.buffer_url, run_id=self.run_id, admin_token=self.admin_token,
             engine_urls=self.engine_urls, host="{host}",
         )  # fmt: skip
-        self.router_urls = self._start("router", [argv] * n_routers)
+        self.router_urls = self._start("router", [["slimeish", *argv]] * n_routers)
         for part in self._parts("engine"):
             ray.get(part.actor.set_routers.remote(self.router_urls, self.admin_token))
+
+    def _engine_argv(self) -> list[str]:
+        if self.cluster.engine_backend == "sglang":
+            return sglang_argv(self.model_path, tp_size=max(1, int(self.cluster.engine_num_gpus)))
+        return ["slimeish", *engine_argv(self.model_path, "{port}", self.cfg.engine_device, "{host}")]
+
+    def _check_tensor_sync(self) -> None:
+        """`--weight-sync tensor` hands weights over in the trainer host's shared memory."""
+        here = ray.util.get_node_ip_address()
+        elsewhere = [url for url in self.engine_urls if urlsplit(url).hostname != here]
+        if self.weight_sync == "tensor" and elsewhere:
+            raise ValueError(
+                f"--weight-sync tensor reaches only engines on this host ({here}), and {', '.join(elsewhere)} "
+                "are not: use --weight-sync disk with a --run-dir every engine node mounts, or --weight-sync "
+                "distributed (NCCL, SGLang engines)"
+            )
 
     def _start(self, role: str, argvs: list[list[str]]) -> list[str]:
         """One actor per argv, started together; their URLs once every part answers."""
@@ -214,3 +235,12 @@ class RayStack:
         tmp = self.run_dir / "parts.json.tmp"
         tmp.write_text(json.dumps(parts, indent=2))
         tmp.replace(self.run_dir / "parts.json")
+
+
+def sglang_argv(model_path: Path, *, tp_size: int) -> list[str]:
+    """SGLang's server on the GPUs Ray gave the actor (CUDA_VISIBLE_DEVICES), counting weight
+    versions from 0 as slimeish does."""
+    return [
+        "sglang.launch_server", "--model-path", str(model_path), "--host", "{host}", "--port", "{port}",
+        "--tp-size", str(tp_size), "--weight-version", "0",
+    ]  # fmt: skip

@@ -9,6 +9,7 @@ the part comes back with a new URL, which the launcher reads from `status` (`sli
 from __future__ import annotations
 
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from slimeish.train.supervisor import Child, Supervisor
 class PartSpec:
     name: str  # engine0, router1, buffer
     role: str  # engine, router or buffer
-    argv: list[str]  # `slimeish ARGV...`, with {host} and {port} still to fill in
+    argv: list[str]  # `python -m ARGV...` (slimeish's parts, SGLang), with {host} and {port} still to fill in
     scheme: str  # http or redis
     log_dir: Path
     startup_timeout: float
@@ -45,7 +46,8 @@ class PartActor:
         )  # fmt: skip
         argv = [arg.format(host=host, port=port) for arg in spec.argv]
         spec.log_dir.mkdir(parents=True, exist_ok=True)
-        self.supervisor.add(Child(spec.name, self.url, argv, spec.log_dir / f"{spec.name}.log", self._ready, spec.role))
+        log_path = spec.log_dir / f"{spec.name}.log"
+        self.supervisor.add(ModuleChild(spec.name, self.url, argv, log_path, self._ready, spec.role))
         self.supervisor.watch()
 
     def status(self) -> dict[str, str | None]:
@@ -69,6 +71,14 @@ class PartActor:
         if self.spec.role == "engine":
             for router in self.routers:
                 router_engines(method, router, self.url, self.admin_token)
+
+
+class ModuleChild(Child):
+    """A part run as `python -m ARGV...` with this node's interpreter: slimeish, or SGLang's server."""
+
+    def start(self) -> ManagedProcess:
+        self.proc = ManagedProcess([sys.executable, "-m", *self.argv], log_path=self.log_path)
+        return self.proc
 
 
 def free_port(host: str) -> int:
