@@ -40,6 +40,9 @@ class Placement:
     num_gpus: float = 0.0
     resources: dict[str, float] | None = None
 
+    def __str__(self) -> str:
+        return f"{self.num_cpus:g} CPU, {self.num_gpus:g} GPU" + (f" and {self.resources}" if self.resources else "")
+
     @classmethod
     def of(cls, cfg: ClusterConfig, role: str) -> Placement:
         if role == "engine":

@@ -63,6 +63,7 @@ class RayStack:
         self.router_urls: list[str] = []
         self.parts: list[Part] = []
         self._fatal: str | None = None
+        self._owns_ray = False
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="ray-parts", daemon=True)
 
@@ -79,7 +80,9 @@ class RayStack:
             raise RuntimeError(self._fatal)
 
     def __enter__(self) -> RayStack:
-        ray.init(address=self.cluster.ray_address, namespace="slimeish")  # None: $RAY_ADDRESS, else a local Ray
+        self._owns_ray = not ray.is_initialized()  # a program already connected keeps its connection
+        if self._owns_ray:
+            ray.init(address=self.cluster.ray_address, namespace="slimeish")  # None: $RAY_ADDRESS, else a local Ray
         try:
             self._start_all()
         except BaseException:
@@ -152,7 +155,14 @@ class RayStack:
             actor = ray.remote(PartActor).options(name=f"{self.run_id}/{name}", **options).remote(spec)
             new.append(Part(name, role, actor))
         self.parts += new
-        for part, status in zip(new, ray.get([p.actor.status.remote() for p in new]), strict=True):
+        try:
+            statuses = ray.get([p.actor.status.remote() for p in new], timeout=self.cfg.startup_timeout)
+        except GetTimeoutError:
+            raise TimeoutError(
+                f"the {role}s did not start within --startup-timeout {self.cfg.startup_timeout:.0f} s: is there a node "
+                f"with {placement} free for each (`ray status`)? Else see RUN_DIR/logs/{role}*.log on its node"
+            ) from None
+        for part, status in zip(new, statuses, strict=True):
             part.url, part.node_id = status["url"], status["node_id"]
             log.info("%s on node %s at %s", part.name, part.node_id[:8], part.url)
         return [p.url for p in new]
@@ -170,7 +180,8 @@ class RayStack:
             except (RayActorError, GetTimeoutError) as e:
                 log.warning("%s did not stop cleanly: %r", part.name, e)
             ray.kill(part.actor, no_restart=True)
-        ray.shutdown()
+        if self._owns_ray:
+            ray.shutdown()
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):

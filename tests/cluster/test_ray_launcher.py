@@ -103,3 +103,20 @@ def test_a_router_whose_node_died_stops_the_run_and_the_same_command_resumes_it(
     with ManagedProcess(argv, log_path=tmp_path / "resumed.log") as proc:
         assert proc.proc.wait(600) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     check_exactly_once(run_dir)
+
+
+def test_a_part_no_node_can_hold_fails_the_start_naming_its_resources(tiny_model, tmp_path, cluster):
+    from slimeish.cluster import ClusterConfig
+    from slimeish.cluster.launch import RayStack
+    from slimeish.train.launch import StackConfig
+
+    cfg = StackConfig(buffer_url="redis://127.0.0.1:1/0", num_engines=1, startup_timeout=10)
+    nowhere = ClusterConfig(launcher="ray", engine_resources={"gpu_node": 1})
+    stack = RayStack(cfg, nowhere, model_path=tiny_model, run_dir=tmp_path, run_id="nowhere", weight_sync="disk")
+    with pytest.raises(TimeoutError, match=r"engines did not start .* 1 CPU, 0 GPU and \{'gpu_node': 1\}"), stack:
+        pass
+    assert ray.is_initialized()  # the test's own connection is kept
+    from ray.util.state import list_actors
+
+    left = [a.name for a in list_actors(filters=[("state", "!=", "DEAD")]) if (a.name or "").startswith("nowhere/")]
+    assert not left, "the engine's actor, still waiting for a node, was not removed"
