@@ -126,7 +126,7 @@ def router_engines(method: str, router_url: str, engine_url: str, admin_token: s
 
 
 class RunningStack(Protocol):
-    """What the loop reads of a launcher's running parts (`Stack`, `slimeish.cluster.RayStack`)."""
+    """What the loop reads of a launcher's running parts (`Stack`, `slimeish.cluster.launch.RayStack`)."""
 
     buffer_url: str
     engine_urls: list[str]
