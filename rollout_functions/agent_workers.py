@@ -45,9 +45,6 @@ class AgentWorkersConfig:
     agent_runtime_env: dict[str, Any] = help_field(
         {}, help="Ray runtime_env of the agent tasks, a JSON object (working_dir, pip, env_vars, ...)"
     )
-    ray_address: str | None = help_field(
-        None, help="the Ray cluster to connect to (default: RAY_ADDRESS, else a local Ray instance)"
-    )
 
     def check(self) -> None:
         if self.agent_workers == "ray" and importlib.util.find_spec("ray") is None:
@@ -72,13 +69,12 @@ def workers_of(args: Any) -> RayWorkers | None:
         agent_num_cpus=args.agent_num_cpus,
         agent_resources=args.agent_resources,
         agent_runtime_env=args.agent_runtime_env,
-        ray_address=args.ray_address,
     )
     cfg.check()
     with _lock:  # one per process and config: the async producer calls from several threads
         key = repr(cfg)
         if key not in _workers:
-            connect(cfg.ray_address)
+            connect(getattr(args, "ray_address", None))  # the core --ray-address (slimeish.cluster)
             _workers[key] = RayWorkers(cfg)
         return _workers[key]
 

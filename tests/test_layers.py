@@ -31,7 +31,14 @@ ALLOWED: dict[str, set[str]] = {
     "slimeish.rollout_functions": {"slimeish.common", "slimeish.rollout", "slimeish.data"},
     "slimeish.viewer": {"slimeish.common", "slimeish.buffer!"},  # reads the buffer through its public API
 }
-ORCHESTRATION = ("slimeish.train", "slimeish.cli", "slimeish.cli_docs", "slimeish.__main__", "slimeish")
+ORCHESTRATION = (
+    "slimeish.train",
+    "slimeish.cluster",
+    "slimeish.cli",
+    "slimeish.cli_docs",
+    "slimeish.__main__",
+    "slimeish",
+)
 PARTS = sorted(ALLOWED, key=len, reverse=True)
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import redis
@@ -91,6 +92,58 @@ def flags(**values: object) -> list[str]:
     return [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
 
 
+# The argv of each part, shared by the local `Stack` and the Ray launcher (`slimeish.cluster`), which
+# gives "{port}" and "{host}" to fill in on the node the part lands on.
+def buffer_argv(data_dir: Path, port: int | str, host: str = "127.0.0.1") -> list[str]:
+    return ["buffer", "serve", *flags(dir=data_dir, port=port, host=host)]
+
+
+def engine_argv(model_path: Path, port: int | str, device: str, host: str = "127.0.0.1") -> list[str]:
+    return ["engine", *flags(model=model_path, port=port, device=device, host=host)]
+
+
+def router_argv(
+    model_path: Path, port: int | str, *, buffer_url: str, run_id: str, admin_token: str, engine_urls: list[str],
+    host: str = "127.0.0.1",
+) -> list[str]:  # fmt: skip
+    argv = ["router", *flags(model=model_path, port=port, buffer_url=buffer_url, run_id=run_id, host=host)]
+    argv += flags(admin_token=admin_token) + [f"--engine={url}" for url in engine_urls]
+    argv.append("--recover-open-sessions")  # a restarted router closes what its dead self held
+    return argv
+
+
+def router_engines(method: str, router_url: str, engine_url: str, admin_token: str) -> None:
+    """Add (POST) or remove (DELETE) `engine_url` in a router's pool; a failure is logged only:
+    a router that is down too finds its engines through its own health checks."""
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    try:
+        r = httpx.request(method, f"{router_url}/admin/engines", json={"url": engine_url}, headers=headers, timeout=60)
+    except httpx.HTTPError as e:
+        log.warning("could not tell the router about %s (%s %r)", engine_url, method, e)
+        return
+    if r.status_code >= 400 and r.status_code != 404:
+        log.warning("router answered %s to %s of %s: %s", r.status_code, method, engine_url, r.text[:300])
+
+
+class RunningStack(Protocol):
+    """What the loop reads of a launcher's running parts (`Stack`, `slimeish.cluster.launch.RayStack`)."""
+
+    buffer_url: str
+    engine_urls: list[str]
+    admin_token: str
+
+    @property
+    def router_url(self) -> str: ...
+
+    @property
+    def router_urls(self) -> list[str]: ...
+
+    @property
+    def fatal(self) -> str | None: ...
+
+    def raise_if_failed(self) -> None: ...
+
+
 class Stack:
     """The running parts of one run; use as a context manager. Parts it started are supervised:
     restarted on the same port when they die (`slimeish.train.supervisor`)."""
@@ -132,6 +185,15 @@ class Stack:
     def __exit__(self, *exc) -> None:
         self.supervisor.stop()
 
+    @property
+    def router_urls(self) -> list[str]:
+        return [self.router_url]
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the run cannot go on (a part given up), or None."""
+        return self.supervisor.fatal
+
     def raise_if_failed(self) -> None:
         """Raise if a part the run needs is given up (see `Supervisor`)."""
         if self.supervisor.fatal is not None:
@@ -144,21 +206,22 @@ class Stack:
     def _start_buffer(self) -> str:
         port = free_port()
         url = f"redis://127.0.0.1:{port}/0"
-        argv = ["buffer", "serve", *flags(dir=self.run_dir / "buffer", port=port)]
+        argv = buffer_argv(self.run_dir / "buffer", port)
         return self._start("buffer", url, "buffer", argv, lambda proc: wait_redis(url, self.cfg.startup_timeout, proc))
 
     def _start_engine(self, i: int) -> str:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = ["engine", *flags(model=self.model_path, port=port, device=self.cfg.engine_device)]
+        argv = engine_argv(self.model_path, port, self.cfg.engine_device)
         return self._start(f"engine{i}", url, "engine", argv, self._wait_health(url))
 
     def _start_router(self) -> str:
         port = self.cfg.router_port or free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = ["router", *flags(model=self.model_path, port=port, buffer_url=self.buffer_url, run_id=self.run_id)]
-        argv += flags(admin_token=self.admin_token) + [f"--engine={url}" for url in self.engine_urls]
-        argv.append("--recover-open-sessions")  # a restarted router closes what its dead self held
+        argv = router_argv(
+            self.model_path, port, buffer_url=self.buffer_url, run_id=self.run_id, admin_token=self.admin_token,
+            engine_urls=self.engine_urls,
+        )  # fmt: skip
         return self._start("router", url, "router", argv, self._wait_health(url))
 
     def _start_viewer(self, port: int) -> None:
@@ -182,16 +245,7 @@ class Stack:
         self._write_parts()
 
     def _router_engines(self, method: str, engine_url: str) -> None:
-        headers = {"Authorization": f"Bearer {self.admin_token}"}
-        try:
-            r = httpx.request(
-                method, f"{self.router_url}/admin/engines", json={"url": engine_url}, headers=headers, timeout=60
-            )
-        except httpx.HTTPError as e:  # the router is down too: its own health checks take over
-            log.warning("could not tell the router about %s (%s %r)", engine_url, method, e)
-            return
-        if r.status_code >= 400 and r.status_code != 404:
-            log.warning("router answered %s to %s of %s: %s", r.status_code, method, engine_url, r.text[:300])
+        router_engines(method, self.router_url, engine_url, self.admin_token)
 
     def _write_parts(self) -> None:
         """`parts.json` in the run dir: each started part's URL and pid (operators, chaos tests)."""

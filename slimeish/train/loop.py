@@ -11,6 +11,7 @@ members come back through the regeneration queue to be generated again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Coroutine
@@ -22,7 +23,7 @@ from slimeish.buffer import Group
 from slimeish.rollout import RUN_STOPPING
 from slimeish.train.checkpoint import save
 from slimeish.train.collect import collect_groups, evaluate
-from slimeish.train.launch import Stack
+from slimeish.train.launch import RunningStack, Stack
 from slimeish.train.metrics import batch_metrics, prefixed, timed
 from slimeish.train.parts import Parts, started
 from slimeish.train.setup import TrainSetup, check_plugins, jsonable, parse_args
@@ -45,25 +46,31 @@ def run(setup: TrainSetup) -> None:
     setup.run.run_dir.mkdir(parents=True, exist_ok=True)
     run_id = setup.run.run_id or setup.run.run_dir.resolve().name
     (setup.run.run_dir / "config.json").write_text(json.dumps(jsonable(setup), indent=2))
-    stack = Stack(
-        setup.stack, model_path=setup.trainer.model_path, run_dir=setup.run.run_dir, run_id=run_id,
-        weight_sync=setup.run.weight_sync,
-    )  # fmt: skip
-    with stack:
+    with launcher(setup, run_id) as stack:
         try:
             asyncio.run(supervised(train(setup, stack, run_id), stack))
         except KeyboardInterrupt:
             log.warning("interrupted: stopping every child process")
 
 
-async def supervised(training: Coroutine[Any, Any, None], stack: Stack) -> None:
+def launcher(setup: TrainSetup, run_id: str) -> contextlib.AbstractContextManager[RunningStack]:
+    """The local launcher (children of this process), or the Ray one (`--launcher ray`)."""
+    model, run_dir, sync = setup.trainer.model_path, setup.run.run_dir, setup.run.weight_sync
+    if setup.cluster.launcher == "ray":
+        from slimeish.cluster.launch import RayStack  # Ray is an optional dependency
+
+        return RayStack(setup.stack, setup.cluster, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync)
+    return Stack(setup.stack, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync)
+
+
+async def supervised(training: Coroutine[Any, Any, None], stack: RunningStack) -> None:
     """Run `training` until it ends, or until the stack gives up a part the run needs."""
     RUN_STOPPING.clear()  # a run started earlier in this process set it
     task = asyncio.create_task(training)
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=1.0)
-            if stack.supervisor.fatal is not None and not task.done():
+            if stack.fatal is not None and not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 stack.raise_if_failed()
@@ -72,7 +79,7 @@ async def supervised(training: Coroutine[Any, Any, None], stack: Stack) -> None:
         RUN_STOPPING.set()
 
 
-async def train(setup: TrainSetup, stack: Stack, run_id: str) -> None:
+async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
     run, n_groups = setup.run, setup.rollout.rollout_batch_size
     async with started(setup, stack, run_id) as p:
         unacked: list[str] = []  # trained since the last checkpoint; acknowledged once it is saved

@@ -17,7 +17,7 @@ from slimeish.data import DataSource, read_prompts
 from slimeish.rollout import load_rollout_function
 from slimeish.rollout.dynamic_filter import DynamicFilter
 from slimeish.train.checkpoint import resume
-from slimeish.train.launch import Stack
+from slimeish.train.launch import RunningStack
 from slimeish.train.ledger import TrainedGroups
 from slimeish.train.metrics import MetricsLogger, RouterCounters
 from slimeish.train.producer import RolloutProducer
@@ -48,7 +48,7 @@ class Parts:
 
 
 @contextlib.asynccontextmanager
-async def started(setup: TrainSetup, stack: Stack, run_id: str) -> AsyncIterator[Parts]:
+async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncIterator[Parts]:
     from slimeish.trainer.trainer import Trainer
     from slimeish.trainer.weight_sync import WeightSync
 
@@ -116,7 +116,7 @@ def eval_source(setup: TrainSetup) -> DataSource | None:
     return DataSource(prompts, setup.rollout.n_samples_per_eval_prompt, shuffle=False)
 
 
-def sync_config(run: RunConfig, stack: Stack) -> WeightSyncConfig:
+def sync_config(run: RunConfig, stack: RunningStack) -> WeightSyncConfig:
     from slimeish.trainer.weight_sync import WeightSyncConfig
 
     # The export dir is absolute: engines started elsewhere resolve paths from their own cwd.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slimeish.buffer import BufferConfig
+from slimeish.cluster import ClusterConfig
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field, load_yaml
 from slimeish.data import DataConfig
 from slimeish.rollout import (
@@ -82,6 +83,7 @@ CONFIGS: dict[str, type[Any]] = {
     "rollout": RolloutConfig,
     "buffer": BufferConfig,
     "stack": StackConfig,
+    "cluster": ClusterConfig,
     "trainer": TrainerConfig,
     "loss": LossConfig,
     "slime": SlimeConfig,
@@ -99,6 +101,7 @@ class TrainSetup:
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     stack: StackConfig = dataclasses.field(default_factory=StackConfig)
+    cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     slime: SlimeConfig = dataclasses.field(default_factory=SlimeConfig)
     plugin: Any = None

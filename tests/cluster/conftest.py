@@ -1,5 +1,6 @@
 """A Ray cluster of several nodes simulated on this machine (Ray's own `cluster_utils`), and the
-stand-in router of the demo tests, for the agent workers' tests."""
+stand-in router of the demo tests, for the agent workers' tests; the train tests' prompt set,
+for the runs of `--launcher ray`."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 from tests.demo.conftest import router, stand_in_router
+from tests.train.conftest import prompts
 
-__all__ = ["RayCluster", "ray_cluster", "router", "stand_in_router"]
+__all__ = ["RayCluster", "prompts", "ray_cluster", "router", "stand_in_router"]
 
 
 @dataclass
