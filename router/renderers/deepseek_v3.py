@@ -62,17 +62,18 @@ class DeepSeekV3Renderer(ChatRenderer):
         ids = (self.encode(forced) if forced else []) + output_ids
         if ids and ids[-1] == self.eos_token_id:
             ids = ids[:-1]
-        if not tools or (self._call not in ids and self._calls not in ids):
+        if not tools or self._calls not in ids:
             return ParsedReply(self._text(ids))
-        section = (self._calls, self._calls_end)  # the section's own markers are no content
-        without_section = lambda part: self._text([t for t in part if t not in section])  # noqa: E731
-        parsed = tagged_calls(ids, (self._call, self._call_end), without_section, _call, finish_type, None)
+        at = ids.index(self._calls)  # calls count only inside the section, as a stream holds them back
+        section = [t for t in ids[at + 1 :] if t != self._calls_end]
+        parsed = tagged_calls(section, (self._call, self._call_end), self._text, _call, finish_type, None)
         if not parsed.tool_calls and not parsed.failure:  # a section opened, no call in it
             cut = finish_type == "length" and self._calls_end not in ids
             parsed = ParsedReply(None, failure=TRUNCATED if cut else MALFORMED, error="a call section with no call")
         if parsed.failure:  # the reply goes back as it was sampled, section markers included
             return ParsedReply(self._text(ids), failure=parsed.failure, error=parsed.error)
-        return parsed
+        content = "\n".join(t for t in (self._text(ids[:at]).strip(), parsed.content) if t)
+        return ParsedReply(content or None, tool_calls=parsed.tool_calls)
 
     def _opening_end(self, rendered: str, name: str | None) -> int:
         if name:

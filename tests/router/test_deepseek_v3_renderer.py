@@ -87,9 +87,13 @@ PARSES = {
     "content": ("hello there" + EOS, dict(content="hello there", calls=[])),
     "one call": (ONE_CALL + EOS, dict(content=None, calls=[("add", {"a": 1, "b": 2})])),
     "parallel calls": (TWO_CALLS + EOS, dict(content=None, calls=[("add", {"a": 1}), ("add", {"b": 2})])),
-    "text before the calls": (
-        "let me add" + ONE_CALL + EOS,
-        dict(content="let me add", calls=[("add", {"a": 1, "b": 2})]),
+    "text before and after the calls": (
+        "let me add" + ONE_CALL + "done" + EOS,
+        dict(content="let me add\ndone", calls=[("add", {"a": 1, "b": 2})]),
+    ),
+    "a call marker outside the section is content": (
+        OPENING + 'add\n```json\n{"a": 1}\n```<｜tool▁call▁end｜>' + EOS,
+        dict(content=OPENING + 'add\n```json\n{"a": 1}\n```<｜tool▁call▁end｜>', calls=[]),
     ),
     "a call end inside a string argument": (
         CALLS + written("echo", {"text": "<｜tool▁call▁end｜>"}) + CALLS_END + EOS,
