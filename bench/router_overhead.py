@@ -9,6 +9,9 @@ are measured. Three paths reach it:
   responses, messages (with --dialect): the same episode over /v1/responses or /v1/messages
 Each session runs multi-turn episodes: every turn sends the previous tokens (or messages) plus a
 short new user message. Run by hand:  .venv/bin/python bench/router_overhead.py
+With `--family chatml qwen3`, the per-turn cost of long chat episodes is also measured for a
+reasoning family (Qwen3's tiny model: every reply holds `<think>…</think>`, echoed back with its
+`reasoning_content`, and each turn is bridged from the sampled tokens), beside ChatML's.
 The client, the router and the stand-in share the machine's cores; the numbers include that. The
 load generator is aiohttp, whose cost per request is small (httpx's is ~1.1 ms of CPU with many
 connections, which alone saturated a 2-core machine at 256 sessions).
@@ -28,14 +31,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import get_args
 
 import aiohttp
 import orjson
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
+from slimeish.models.tiny import Family, TinyModelConfig, make_tiny_model
 
 OUTPUT_LEN = 8
-EOS = 2  # `<|im_end|>` in the tiny tokenizer
+# The stand-in's one reply (ids as the model's tokenizer writes it, its text without special
+# tokens), set from --standin-reply by the process that serves it.
+REPLY: dict = {}
 
 
 # -- the stand-in engine (a bare ASGI app: its own cost should be as small as possible) -----------
@@ -50,15 +57,15 @@ async def standin_app(scope, receive, send) -> None:
             break
     if scope["path"] == "/generate":
         n_in = len(orjson.loads(body)["input_ids"])
-        ids = [100 + i for i in range(OUTPUT_LEN - 1)] + [EOS]
+        ids = REPLY["ids"]
         reply = {
-            "text": "x" * (OUTPUT_LEN - 1),
+            "text": REPLY["text"],
             "output_ids": ids,
             "meta_info": {
                 "id": "r",
-                "finish_reason": {"type": "stop", "matched": EOS},
+                "finish_reason": {"type": "stop", "matched": ids[-1]},
                 "prompt_tokens": n_in,
-                "completion_tokens": OUTPUT_LEN,
+                "completion_tokens": len(ids),
                 "weight_version": "0",
                 "output_token_logprobs": [[-0.5, t, None] for t in ids],
             },
@@ -71,9 +78,10 @@ async def standin_app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-def serve_standin(port: int) -> None:
+def serve_standin(port: int, reply: str) -> None:
     import uvicorn
 
+    REPLY.update(orjson.loads(reply))
     uvicorn.run(standin_app, host="127.0.0.1", port=port, log_level="error", access_log=False)
 
 
@@ -82,21 +90,23 @@ USER_TAIL = [1, 302, 201, 74, 75, 76, 77, 2, 201, 1, 308, 201]  # "<|im_start|>u
 
 
 class Stack:
-    """The stand-in, a slimeish router and an smg router, as real processes."""
+    """The stand-in, a slimeish router and (for the load test) an smg router, as real processes."""
 
-    def __init__(self, model: Path, log_dir: Path):
+    def __init__(self, model: Path, log_dir: Path, reply: dict, smg: bool = True):
         self.procs: list[ManagedProcess] = []
         standin_port, router_port, smg_port = free_port(), free_port(), free_port()
         self.standin = f"http://127.0.0.1:{standin_port}"
         self.router = f"http://127.0.0.1:{router_port}"
         self.smg = f"http://127.0.0.1:{smg_port}"
-        self._start([sys.executable, __file__, "--serve-standin", str(standin_port)], self.standin, log_dir, "standin")
+        self._start([sys.executable, __file__, "--serve-standin", str(standin_port), "--standin-reply",
+                     orjson.dumps(reply).decode()], self.standin, log_dir, "standin")  # fmt: skip
         self._start([sys.executable, "-m", "slimeish", "router", "--model", str(model), "--engine", self.standin,
                      "--port", str(router_port)], self.router, log_dir, "router")  # fmt: skip
         self.router_pid = self.procs[-1].pid
-        smg = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))
-        self._start([smg, "launch", "--host", "127.0.0.1", "--port", str(smg_port), "--worker-urls", self.standin,
-                     "--policy", "round_robin"], self.smg, log_dir, "smg")  # fmt: skip
+        if smg:  # one at a time: a second smg cannot bind its metrics port
+            exe = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))
+            self._start([exe, "launch", "--host", "127.0.0.1", "--port", str(smg_port), "--worker-urls", self.standin,
+                         "--policy", "round_robin"], self.smg, log_dir, "smg")  # fmt: skip
 
     def _start(self, args: list[str], url: str, log_dir: Path, name: str) -> None:
         proc = ManagedProcess(args, log_path=log_dir / f"{name}.log")
@@ -244,7 +254,7 @@ def table(rows: list[dict], direct: dict[int, dict]) -> str:
     return "\n".join(out)
 
 
-async def bench(args: argparse.Namespace, stack: Stack) -> str:
+async def load_table(args: argparse.Namespace, stack: Stack) -> str:
     rows, direct = [], {}
     for concurrency in args.concurrency:
         for path in ("direct", "smg", "token-in", "chat", *args.dialect):
@@ -253,26 +263,60 @@ async def bench(args: argparse.Namespace, stack: Stack) -> str:
             rows.append(row)
             direct.setdefault(concurrency, row)
             print(row, flush=True)
-    lines = [table(rows, direct)]
-    if args.no_long:
-        return lines[0]
-    lines += ["", f"Per-turn cost over {args.sessions} episodes of {args.long_turns} turns:", ""]
+    return table(rows, direct)
+
+
+def long_header(args: argparse.Namespace) -> list[str]:
     # A single turn's CPU reading is noisy (a garbage collection, a health check): later turns are
     # the median of the last five. Turn 1 renders the whole conversation, later turns only the tail.
     late = f"turns {args.long_turns - 4}-{args.long_turns} (median)"
-    lines += [
-        f"| path | router CPU ms, turn 1 | turns 2-6 (median) | {late} | ratio {late.split(' (')[0]} / turn 1 "
-        f"| client latency ms, turn 1 | {late} |",
-        "|" + "---|" * 7,
+    return [
+        "",
+        f"Per-turn cost over {args.sessions} episodes of {args.long_turns} turns:",
+        "",
+        f"| path | family | router CPU ms, turn 1 | turns 2-6 (median) | {late} | ratio "
+        f"{late.split(' (')[0]} / turn 1 | client latency ms, turn 1 | {late} |",
+        "|" + "---|" * 8,
     ]
-    for path in ("token-in", "chat", *args.dialect):
+
+
+async def long_rows(args: argparse.Namespace, stack: Stack, family: str, paths: tuple[str, ...]) -> list[str]:
+    lines = []
+    for path in paths:
         cpu, wall = await turn_costs(stack, path, args.sessions, args.long_turns)
         early, last = statistics.median(cpu[1:6]), statistics.median(cpu[-5:])
         lines.append(
-            f"| {path} | {cpu[0]:.2f} | {early:.2f} | {last:.2f} | {last / cpu[0]:.2f}x "
+            f"| {path} | {family} | {cpu[0]:.2f} | {early:.2f} | {last:.2f} | {last / cpu[0]:.2f}x "
             f"| {wall[0]:.2f} | {statistics.median(wall[-5:]):.2f} |"
         )
-    return "\n".join(lines)
+        print(lines[-1], flush=True)
+    return lines
+
+
+def standin_reply(model: Path) -> dict:
+    """The reply the stand-in sends for `model`: a short answer, after a reasoning block when the
+    model's family reasons (its renderer's markers), then the end of turn, as the tokenizer writes it."""
+    from slimeish.router.renderers.select import load_renderer
+
+    renderer = load_renderer(model)
+    text = "x" * (OUTPUT_LEN - 1)
+    if renderer.reasoning_markers:
+        opening, closing = renderer.reasoning_markers
+        text = f"{opening}\nadd them up\n{closing}\n\n{text}"
+    ids = [*renderer.encode(text), renderer.eos_token_id]
+    return {"ids": ids, "text": renderer.decode(ids)}
+
+
+async def bench(args: argparse.Namespace, stacks: dict[str, Stack]) -> str:
+    (first, stack), *others = stacks.items()
+    report = [await load_table(args, stack)]
+    if args.no_long:
+        return report[0]
+    report += long_header(args)
+    report += await long_rows(args, stack, first, ("token-in", "chat", *args.dialect))
+    for family, other in others:  # the router's own cost per family: token-in does not render
+        report += await long_rows(args, other, family, ("chat", *args.dialect))
+    return "\n".join(report)
 
 
 def main() -> None:
@@ -295,22 +339,32 @@ def main() -> None:
     parser.add_argument("--no-long", action="store_true", help="skip the per-turn cost of long episodes")
     parser.add_argument("--long-turns", type=int, default=100, help="turns of the long episode")
     parser.add_argument("--sessions", type=int, default=40, help="long episodes run in lockstep")
+    parser.add_argument(
+        "--family", nargs="+", default=["chatml"], choices=get_args(Family),
+        help="tiny models of these families (make-tiny-model --family): the first serves the load test; "
+        "the long chat episodes run on each",
+    )  # fmt: skip
+    parser.add_argument("--standin-reply", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_standin:
-        return serve_standin(args.serve_standin)
-    from slimeish.models.tiny import make_tiny_model
+        return serve_standin(args.serve_standin, args.standin_reply)
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_tiny_model(Path(tmp) / "tiny")
-        stack = Stack(model, Path(tmp))
-        # The load generator imported torch and transformers to build the model: without this its
-        # own full collections (~130 ms each) land in the measured latencies of whichever path runs.
-        gc.collect()
-        gc.freeze()
+        stacks: dict[str, Stack] = {}
         try:
-            report = asyncio.run(bench(args, stack))
+            for family in args.family:
+                model = make_tiny_model(Path(tmp) / family, TinyModelConfig(family=family))
+                (Path(tmp) / f"{family}-logs").mkdir()
+                logs, reply = Path(tmp) / f"{family}-logs", standin_reply(model)
+                stacks[family] = Stack(model, logs, reply, smg=not stacks)  # the load test runs on the first
+            # The load generator imported torch and transformers to build the models: without this
+            # its own full collections (~130 ms each) land in the measured latencies of whichever path runs.
+            gc.collect()
+            gc.freeze()
+            report = asyncio.run(bench(args, stacks))
         finally:
-            stack.stop()
+            for stack in stacks.values():
+                stack.stop()
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the end, Python "
           f"{platform.python_version()}; think time {args.think_ms:g} ms ({args.think_dist})\n\n{report}")  # fmt: skip

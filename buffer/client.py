@@ -179,10 +179,11 @@ class Buffer:
         """Store one turn. Turns arrive in order; a retried identical turn is stored once (returns False)."""
         packed = turn.pack()
         cached = self._turns.get(turn.session_id, [])
-        previous = cached[turn.turn_index - 1] if 0 < turn.turn_index <= len(cached) else None
-        if turn.turn_index and previous is None:
-            previous = await self._load_turn(turn.session_id, turn.turn_index - 1)
-        check_next_turn(previous, packed)
+        if len(cached) < turn.turn_index:  # appended by another process (or before a restart): read them
+            cached = self._turns[turn.session_id] = await self._load_turns(turn.session_id)
+        earlier = cached[: turn.turn_index]
+        previous = earlier[-1] if earlier and len(earlier) == turn.turn_index else None
+        check_next_turn(previous, packed, 1 + max((t.segment_index for t in earlier), default=-1))
         k = self.keys
         stored = await self._run(
             "APPEND_TURN",

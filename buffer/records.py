@@ -53,6 +53,9 @@ class Turn:
     # None when it parsed or no tools were offered; and how many calls it parsed
     parse_failure: str | None = None
     tool_calls: int = 0
+    # the line of segments this turn's segment belongs to: the agent (system prompt + tools) that
+    # sent it, numbered in order of appearance; a sub-agent's turns have their own line
+    lineage: int = 0
 
     def validate(self) -> None:
         """Raise BufferInputError if the arrays of this turn disagree."""
@@ -61,8 +64,8 @@ class Turn:
     def pack(self) -> PackedTurn:
         """Validate and convert to numpy arrays, one vectorised pass per array (no per-token Python)."""
         where = f"session {self.session_id!r} turn {self.turn_index}"
-        if self.turn_index < 0 or self.segment_index < 0:
-            raise BufferInputError(f"{where}: turn_index and segment_index must be >= 0")
+        if self.turn_index < 0 or self.segment_index < 0 or self.lineage < 0:
+            raise BufferInputError(f"{where}: turn_index, segment_index and lineage must be >= 0")
         if len(self.output_logprobs) != len(self.output_ids):
             raise BufferInputError(
                 f"{where}: {len(self.output_ids)} output_ids but {len(self.output_logprobs)} output_logprobs"
@@ -92,6 +95,7 @@ class Turn:
             finished_at=self.finished_at,
             parse_failure=self.parse_failure,
             tool_calls=self.tool_calls,
+            lineage=self.lineage,
         )
 
 
@@ -130,6 +134,7 @@ class PackedTurn:
     finished_at: float
     parse_failure: str | None = None  # defaults: a turn stored before these fields decodes as parsed
     tool_calls: int = 0
+    lineage: int = 0
 
     def to_turn(self) -> Turn:
         return Turn(
@@ -147,6 +152,7 @@ class PackedTurn:
             self.finished_at,
             self.parse_failure,
             self.tool_calls,
+            self.lineage,
         )
 
 

@@ -19,6 +19,9 @@ from slimeish.common.sample import TEACHER_LOG_PROBS, Sample
 
 # The metadata key of a sample's tool-call parse outcome over its turns (see `tool_parse`).
 TOOL_PARSE = "tool_parse"
+# The metadata key of a sample's lineage (`Turn.lineage`), set on every sample of a session whose
+# turns came from several agents (a sub-agent's segments are a line of their own).
+LINEAGE = "lineage"
 
 
 @dataclass(slots=True)
@@ -60,16 +63,16 @@ class PackedSample:
         )
 
 
-def check_next_turn(previous: PackedTurn | None, turn: PackedTurn) -> None:
-    """Refuse a turn that cannot follow `previous` (None: `turn` must be the session's first)."""
+def check_next_turn(previous: PackedTurn | None, turn: PackedTurn, segments: int) -> None:
+    """Refuse a turn that cannot follow `previous` (None: `turn` must be the session's first), the
+    earlier turns holding `segments` segments: it continues one of them (segments of several
+    lineages interleave) or starts the next."""
     where = f"session {turn.session_id!r} turn {turn.turn_index}"
     if turn.turn_index and previous is None:
         raise BufferInputError(f"{where}: turn {turn.turn_index - 1} was never appended")
-    expected = {0} if previous is None else {previous.segment_index, previous.segment_index + 1}
-    if turn.segment_index not in expected:
-        raise BufferInputError(f"{where}: segment_index {turn.segment_index}, expected one of {sorted(expected)}")
-    starts_segment = previous is None or turn.segment_index != previous.segment_index
-    if starts_segment and not len(turn.prompt_ids):
+    if not 0 <= turn.segment_index <= segments:
+        raise BufferInputError(f"{where}: segment_index {turn.segment_index}, expected 0 to {segments}")
+    if turn.segment_index == segments and not len(turn.prompt_ids):
         raise BufferInputError(f"{where} starts segment {turn.segment_index} but has no prompt_ids")
 
 
@@ -79,11 +82,11 @@ def split_segments(turns: list[PackedTurn]) -> list[list[PackedTurn]]:
     for position, turn in enumerate(turns):
         if turn.turn_index != position:
             raise BufferInputError(f"session {turn.session_id!r}: turn {position} is missing")
-        check_next_turn(turns[position - 1] if position else None, turn)
+        check_next_turn(turns[position - 1] if position else None, turn, len(segments))
         if turn.segment_index == len(segments):
             segments.append([turn])
         else:
-            segments[-1].append(turn)
+            segments[turn.segment_index].append(turn)
     return segments
 
 
@@ -139,9 +142,11 @@ def build_samples(
     if status == Sample.Status.FAILED.value:
         return []
     metadata, teacher = split_teacher_log_probs(metadata)
+    lineages = any(turn.lineage for turn in turns)  # recorded on each sample where a session has several
     samples = []
     for i, segment in enumerate(split_segments(turns)):
-        sample = build_sample(segment, status=status, index=index, group_index=group_index, metadata=metadata)
+        sample_metadata = {**metadata, LINEAGE: segment[0].lineage} if lineages else metadata
+        sample = build_sample(segment, status=status, index=index, group_index=group_index, metadata=sample_metadata)
         if i < len(teacher) and teacher[i] is not None:
             sample.teacher_log_probs = np.asarray(teacher[i], "<f4").tobytes()
         samples.append(sample)

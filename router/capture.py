@@ -11,6 +11,11 @@ continues from their sampled tokens (the renderer's bridge); `template` renders 
 conversation with the chat template, as a server without the router would (Qwen3's drops the
 reasoning of replies before the last user query), and the turn extends the segment only where
 that rendering does, else starts one (`template_rendered`).
+
+Lineages: the agent a chat turn comes from is its system prompt and tools. Each agent's segments
+are a line of their own (`Segment.lineage`, numbered in order of appearance), so a sub-agent
+interleaved with the main conversation continues its own segment, and the main one its own,
+instead of starting a segment at every switch. Only the latest segment of a lineage grows.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from slimeish.router import history as H
 from slimeish.router.renderers.base import Renderer, TemplateError
 
 Validator = Callable[[list[dict], int], None]
+Agent = tuple  # (the canonical system message or None, the tools): whose conversation a chat turn is
 
 SAMPLED, TEMPLATE = "sampled", "template"  # --next-turn-prompt
 NEXT_TURN_PROMPT = "next_turn_prompt"  # the sample metadata key that records which one a session used
@@ -47,6 +53,7 @@ class Segment:
     version: int = 0  # bumped on every commit; detects two turns racing on one segment
     output_len: int = 0  # the last turn's sampled ids: the tail of `tokens` a renderer continues after
     chat: ChatState | None = None  # kept only while the segment is a chat conversation
+    lineage: int = 0
     # Completions state: the prompt text plus the completion text returned for it.
     text: str | None = None
 
@@ -63,6 +70,7 @@ class TurnPlan:
     prompt_text: str | None = None
     bridged: bool = False  # the prompt continues the segment's sampled tokens (counted once committed)
     conversation: list[dict] | None = None  # `template` prompts: the messages rendered, if not `messages`
+    agent: Agent | None = None  # chat turns: the agent the messages come from (its lineage, once committed)
 
     def with_forced(self, ids: list[int]) -> TurnPlan:
         """This plan with `ids` appended to its prompt: the start of the reply that `tool_choice`
@@ -76,6 +84,7 @@ class Committed:
     split_reason: str | None
     prompt_ids: list[int]
     new_segment: bool
+    lineage: int
 
 
 class Capture:
@@ -83,19 +92,21 @@ class Capture:
         self.renderer = renderer
         self.next_turn_prompt = next_turn_prompt
         self.segments: list[Segment] = []
+        self.agents: list[Agent] = []  # lineage i is agents[i]
 
     # -- planning ---------------------------------------------------------------------------
     def plan_chat(self, messages: list[dict], tools: list[dict] | None, validate: Validator) -> TurnPlan:
         """`validate(messages, start)` is called before messages from `start` on are read: the
         ones before it equal messages validated in an earlier turn."""
+        agent = _agent(messages, tools)
         for seg in reversed(self.segments):
             plan = self._try_extend_chat(seg, messages, tools, validate)
             if plan is not None:
-                return self._only_latest(plan)
+                return self._only_latest(replace(plan, agent=agent))
         validate(messages, 0)
-        reason = self._chat_split_reason(messages, tools)
+        reason = self._chat_split_reason(messages, tools, agent)
         render = self.renderer.template_ids if self.next_turn_prompt == TEMPLATE else self.renderer.full_ids
-        return self._new(reason, render(messages, tools), messages=messages, tools=tools)
+        return self._new(reason, render(messages, tools), messages=messages, tools=tools, agent=agent)
 
     def _try_extend_chat(
         self, seg: Segment, messages: list[dict], tools: list[dict] | None, validate: Validator
@@ -133,8 +144,13 @@ class Capture:
             return TurnPlan(seg.index, seg.version, None, ids[n:], ids, messages, tools, conversation=conversation)
         return self._new(H.TEMPLATE_RENDERED, ids, messages=messages, tools=tools, conversation=conversation)
 
-    def _chat_split_reason(self, messages: list[dict], tools: list[dict] | None) -> str | None:
-        last = next((s.chat for s in reversed(self.segments) if s.chat is not None), None)
+    def _chat_split_reason(self, messages: list[dict], tools: list[dict] | None, agent: Agent) -> str | None:
+        """Why the turn does not extend the last conversation of its agent (or, for a new agent,
+        the session's last conversation)."""
+        lineage = self.agents.index(agent) if agent in self.agents else None
+        chats = [s.chat for s in reversed(self.segments) if s.chat is not None]
+        mine = [s.chat for s in reversed(self.segments) if s.chat is not None and s.lineage == lineage]
+        last = next(iter(mine or chats), None)
         if last is None:
             return H.NEW_CONVERSATION if self.segments else None
         if tools != last.tools:
@@ -161,12 +177,17 @@ class Capture:
         return self._new(reason, self.renderer.encode(prompt), prompt_text=prompt)
 
     def _only_latest(self, plan: TurnPlan) -> TurnPlan:
-        """Only the latest segment grows (a sample's turns are contiguous); extending an earlier
-        one (after a sub-agent, or picking choice 0 of n) starts a new segment whose prompt is
-        that segment's exact tokens plus the tail."""
-        if plan.base_version is None or plan.segment_index == len(self.segments) - 1:
+        """Only the latest segment of a lineage grows; extending an earlier one (picking choice 0
+        of n) starts a new segment whose prompt is that segment's exact tokens plus the tail."""
+        if (
+            plan.base_version is None
+            or self._latest_of(self.segments[plan.segment_index].lineage) == plan.segment_index
+        ):
             return plan
         return self.fork(plan, H.RESUMED_SEGMENT)
+
+    def _latest_of(self, lineage: int) -> int:
+        return next(s.index for s in reversed(self.segments) if s.lineage == lineage)
 
     def _new(self, reason: str | None, ids: list[int], **state) -> TurnPlan:
         return TurnPlan(len(self.segments), None, reason, ids, ids, **state)
@@ -187,7 +208,8 @@ class Capture:
         else:
             seg.chat = None
         seg.text = plan.prompt_text + text if plan.prompt_text is not None and text is not None else None
-        return Committed(seg.index, reason, prompt_ids, new_segment=plan.base_version is None or reason is not None)
+        new_segment = plan.base_version is None or reason is not None
+        return Committed(seg.index, reason, prompt_ids, new_segment, seg.lineage)
 
     def fork(self, plan: TurnPlan, reason: str) -> TurnPlan:
         """The same prompt as a new segment (also choices after the first of an n > 1 request)."""
@@ -196,13 +218,27 @@ class Capture:
         )
 
     def _target(self, plan: TurnPlan) -> tuple[Segment, list[int], str | None]:
-        """The planned segment if nothing touched it since planning and it is still the latest;
-        otherwise a new segment (another turn of this session committed in between)."""
-        latest = self.segments[-1] if self.segments else None
-        planned = (plan.segment_index, plan.base_version)
-        if plan.base_version is not None and latest is not None and (latest.index, latest.version) == planned:
-            return latest, plan.prompt_ids, None
+        """The planned segment if nothing touched it since planning and it is still the latest of
+        its lineage; otherwise a new segment (another turn of this session committed in between)."""
+        if plan.base_version is not None:
+            planned = self.segments[plan.segment_index]
+            if planned.version == plan.base_version and self._latest_of(planned.lineage) == planned.index:
+                return planned, plan.prompt_ids, None
         reason = plan.split_reason if plan.base_version is None else H.CONCURRENT_TURN
-        seg = Segment(index=len(self.segments), split_reason=reason)
+        seg = Segment(index=len(self.segments), split_reason=reason, lineage=self._lineage(plan))
         self.segments.append(seg)
         return seg, plan.input_ids, reason
+
+    def _lineage(self, plan: TurnPlan) -> int:
+        """The lineage of a new segment: its agent's (numbered when first seen); token-in and
+        completions turns stay on the lineage of what they extend, or the first."""
+        if plan.agent is None:
+            return self.segments[plan.segment_index].lineage if plan.segment_index < len(self.segments) else 0
+        if plan.agent not in self.agents:
+            self.agents.append(plan.agent)
+        return self.agents.index(plan.agent)
+
+
+def _agent(messages: list[dict], tools: list[dict] | None) -> Agent:
+    first = messages[0] if messages and messages[0].get("role") in ("system", "developer") else None
+    return (H.canonical(first) if first is not None else None, tools)

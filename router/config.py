@@ -15,7 +15,7 @@ class RouterConfig:
     renderer: str = help_field(
         "auto",
         help="chat format: auto (from the model's config and tokenizer), template (its Jinja template), "
-        "qwen3, qwen3-coder, glm-4.5, llama3",
+        "qwen3, qwen3-coder, glm-4.5, llama3, deepseek-v3",
     )
     next_turn_prompt: Literal["auto", "sampled", "template"] = help_field(
         "auto",

@@ -167,6 +167,7 @@ class TurnRunner:
             turn_index=session.turns + len(session.unconfirmed),
             segment_index=committed.segment_index,
             split_reason=committed.split_reason,
+            lineage=committed.lineage,
             prompt_ids=committed.prompt_ids,
             output_ids=gen.output_ids,
             output_logprobs=gen.logprobs,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from slimeish.router.render import ChatRenderer
 from slimeish.router.renderers.base import Renderer
+from slimeish.router.renderers.deepseek_v3 import DeepSeekV3Renderer
 from slimeish.router.renderers.glm45 import GLM45Renderer
 from slimeish.router.renderers.llama3 import Llama3Renderer
 from slimeish.router.renderers.qwen3 import Qwen3Renderer
@@ -17,9 +18,10 @@ FAMILIES: dict[str, type[ChatRenderer]] = {
     "qwen3-coder": Qwen3CoderRenderer,
     "glm-4.5": GLM45Renderer,
     "llama3": Llama3Renderer,
+    "deepseek-v3": DeepSeekV3Renderer,
 }
 # The families `auto` tells apart by their templates.
-RECOGNISED = (Qwen3Renderer, Qwen3CoderRenderer, GLM45Renderer, Llama3Renderer)
+RECOGNISED = (Qwen3Renderer, Qwen3CoderRenderer, GLM45Renderer, Llama3Renderer, DeepSeekV3Renderer)
 
 
 def family_of(template: ChatRenderer) -> str:

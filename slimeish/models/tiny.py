@@ -4,7 +4,8 @@ No model hub is reachable from CI or the demo machine, so slimeish makes its own
 a byte-level BPE tokenizer trained (with the `tokenizers` library) on a small synthetic corpus,
 the chat template and special tokens of a model family (`--family`: slimeish's ChatML/Hermes
 template, Qwen3's own with reasoning, Qwen3-Coder's own with XML calls, GLM-4.5's own with
-reasoning and <arg_key>/<arg_value> calls, Llama 3.2's own with JSON calls), and a randomly
+reasoning and <arg_key>/<arg_value> calls, Llama 3.2's own with JSON calls, DeepSeek-V3-0324's own
+with calls in a section of special tokens), and a randomly
 initialised Qwen2, Llama or Qwen3 model from `transformers`. The result is a directory that
 `from_pretrained` loads exactly like a real checkpoint, so every loader in slimeish is exercised
 on the real code path.
@@ -22,7 +23,7 @@ from typing import Any, Literal
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
 Arch = Literal["qwen2", "llama", "qwen3"]
-Family = Literal["chatml", "qwen3", "qwen3-coder", "glm-4.5", "llama3"]
+Family = Literal["chatml", "qwen3", "qwen3-coder", "glm-4.5", "llama3", "deepseek-v3"]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Markup tokens the template and tool parser rely on; like Qwen's, they are not "special",
@@ -46,6 +47,10 @@ class FamilyTokens:
 _QWEN = FamilyTokens(SPECIAL_TOKENS, "<|im_end|>", MARKUP_TOKENS, ["<|im_end|>"])
 _GLM_ROLES = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 _GLM_ARGS = ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+# DeepSeek writes its markers with a fullwidth bar (U+FF5C) and `▁` (U+2581) for spaces.
+_DEEPSEEK_TURNS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]
+_DEEPSEEK_PARTS = "calls▁begin calls▁end call▁begin call▁end sep outputs▁begin outputs▁end output▁begin output▁end"
+_DEEPSEEK_CALLS = [f"<｜tool▁{part}｜>" for part in _DEEPSEEK_PARTS.split()]
 _LLAMA_TURNS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
 TOKENS: dict[str, FamilyTokens] = {
     "chatml": _QWEN,
@@ -65,6 +70,14 @@ TOKENS: dict[str, FamilyTokens] = {
         pad="<|end_of_text|>",
         bos="<|begin_of_text|>",
     ),
+    "deepseek-v3": FamilyTokens(
+        _DEEPSEEK_TURNS,
+        "<｜end▁of▁sentence｜>",
+        _DEEPSEEK_CALLS,
+        ["<｜end▁of▁sentence｜>"],
+        pad="<｜end▁of▁sentence｜>",
+        bos="<｜begin▁of▁sentence｜>",
+    ),
 }
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 # Each family's chat template, and the architecture its checkpoints use unless --arch says otherwise.
@@ -74,6 +87,7 @@ TEMPLATES: dict[str, Path] = {
     "qwen3-coder": Path(__file__).with_name("qwen3_coder_chat_template.jinja"),
     "glm-4.5": Path(__file__).with_name("glm45_chat_template.jinja"),
     "llama3": Path(__file__).with_name("llama3_chat_template.jinja"),
+    "deepseek-v3": Path(__file__).with_name("deepseek_v3_chat_template.jinja"),
 }
 FAMILY_ARCH: dict[str, Arch] = {
     "chatml": "qwen2",
@@ -81,6 +95,7 @@ FAMILY_ARCH: dict[str, Arch] = {
     "qwen3-coder": "qwen3",
     "glm-4.5": "qwen3",
     "llama3": "llama",
+    "deepseek-v3": "llama",
 }
 
 _WORDS = (

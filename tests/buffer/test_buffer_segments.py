@@ -72,14 +72,26 @@ def test_inconsistent_turns_are_refused(bad, message):
 
 def test_turn_order_and_segments_are_checked():
     first = turn("s", 0).pack()
-    check_next_turn(None, first)
-    check_next_turn(first, turn("s", 1, seg=1, prompt=[5]).pack())
+    check_next_turn(None, first, 0)
+    check_next_turn(first, turn("s", 1, seg=1, prompt=[5]).pack(), 1)
     with pytest.raises(BufferInputError, match="segment_index 2"):
-        check_next_turn(first, turn("s", 1, seg=2).pack())
+        check_next_turn(first, turn("s", 1, seg=2).pack(), 1)
     with pytest.raises(BufferInputError, match="no prompt_ids"):
-        check_next_turn(first, turn("s", 1, seg=1, prompt=[]).pack())
+        check_next_turn(first, turn("s", 1, seg=1, prompt=[]).pack(), 1)
     with pytest.raises(BufferInputError, match="never appended"):
-        check_next_turn(None, turn("s", 3).pack())
+        check_next_turn(None, turn("s", 3).pack(), 0)
+    # lineages interleave: a turn continues any earlier segment, without a prompt of its own
+    check_next_turn(turn("s", 2, seg=1).pack(), turn("s", 3, seg=0, prompt=[]).pack(), 2)
+
+
+def test_interleaved_lineages_are_one_sample_each_with_their_lineage():
+    main0, sub0 = turn("s", 0), replace(turn("s", 1, seg=1, prompt=[7], split_reason="new_conversation"), lineage=1)
+    main1, sub1 = turn("s", 2, prompt=[8]), replace(turn("s", 3, seg=1, prompt=[9]), lineage=1)
+    main, sub = samples([main0, sub0, main1, sub1], metadata={"prompt": "p"})
+    assert main.tokens == [*main0.prompt_ids, *main0.output_ids, *main1.prompt_ids, *main1.output_ids]
+    assert sub.tokens == [*sub0.prompt_ids, *sub0.output_ids, *sub1.prompt_ids, *sub1.output_ids]
+    assert (main.metadata, sub.metadata) == ({"prompt": "p", "lineage": 0}, {"prompt": "p", "lineage": 1})
+    assert (main.split_reason, sub.split_reason) == (None, "new_conversation")
 
 
 def test_codec_round_trips_and_is_compact():

@@ -133,3 +133,20 @@ async def test_turns_written_by_another_process_are_sealed(valkey, run_id):
         await router_a.finish_session("a", 1.0)
         (sample,) = await router_a.session_samples("a")
     assert sample.tokens == [1, 2, 3, 4, 5, 6, 4, 5]
+
+
+async def test_interleaved_lineages_from_two_processes_are_one_sample_each(valkey, run_id):
+    """A sub-agent's turns (lineage 1) interleave with the main agent's: each continues its own
+    segment, whichever process wrote the turns before it."""
+    async with Buffer(valkey.url, run_id) as router_a, Buffer(valkey.url, run_id) as router_b:
+        await router_a.open_session(SessionInfo("a", "g", 0, 1))
+        await router_a.append_turn(turn("a", 0))
+        await router_a.append_turn(replace(turn("a", 1, seg=1, prompt=[7], split_reason="new_conversation"), lineage=1))
+        await router_b.append_turn(turn("a", 2, prompt=[8]))  # back to segment 0
+        await router_a.append_turn(replace(turn("a", 3, seg=1, prompt=[9]), lineage=1))
+        with pytest.raises(BufferInputError, match="segment_index 3"):
+            await router_b.append_turn(turn("a", 4, seg=3, prompt=[1]))
+        await router_a.finish_session("a", 1.0)
+        main, sub = await router_a.session_samples("a")
+    assert (main.tokens, sub.tokens) == ([1, 2, 3, 4, 5, 8, 4, 5], [7, 4, 5, 9, 4, 5])
+    assert (main.metadata["lineage"], sub.metadata["lineage"]) == (0, 1)

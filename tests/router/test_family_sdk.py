@@ -20,7 +20,7 @@ from tests.router.test_openai_sdk import TOOLS, assert_exact_capture
 from tests.router.test_qwen3_sdk import ask, comparable, engine_turn
 from tests.stand_in import serve_app
 
-FAMILIES = ["qwen3-coder", "glm-4.5", "llama3"]
+FAMILIES = ["qwen3-coder", "glm-4.5", "llama3", "deepseek-v3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

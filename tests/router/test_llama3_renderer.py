@@ -164,3 +164,30 @@ async def test_a_json_reply_that_is_no_call_streams_as_content(llama, text):
     """Held back while it could be a call, then sent whole: the agent gets what the answer holds."""
     streamed, answered = await streamed_and_answered(llama, llama.encode(text), TOOLS, 3)
     assert streamed == answered == (text.removesuffix("<|eot_id|>"), None, [])
+
+
+PARALLEL_REPLY = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [call("add", {"a": 1}), call("add", {"b": 2}, "c2")],
+}
+RESULTS = [
+    {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    {"role": "tool", "tool_call_id": "c2", "content": "4"},
+]
+
+
+def test_parallel_calls_continue_from_their_sampled_tokens(llama):
+    """The template renders one call per message (it raises on more): parallel calls the model
+    wrote (`;` between) continue from their sampled tokens, with both results as the template
+    writes tool results; only a history that must be rendered whole is refused."""
+    history = CONVERSATIONS["system"]
+    prompt = llama.full_ids(history, TOOLS)
+    output = llama.encode('{"name": "add", "parameters": {"a": 1}}; {"name": "add", "parameters": {"b": 2}}<|eot_id|>')
+    tail = llama.continuation(prompt + output, len(output), PARALLEL_REPLY, RESULTS, TOOLS)
+    one_call = [*history, REPLY]  # the results' rendering does not depend on the call before them
+    base = llama.render_text(one_call, TOOLS, generation_prompt=False)
+    full = llama.render_text([*one_call, *RESULTS], TOOLS)
+    assert llama.decode(tail, skip_special_tokens=False) == full[len(base) :]
+    with pytest.raises(TemplateError, match="single tool call"):
+        llama.full_ids([*history, PARALLEL_REPLY, *RESULTS], TOOLS)
