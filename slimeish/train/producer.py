@@ -102,7 +102,10 @@ async def record_returned(buffer: Buffer, args: Any, session_id: str, member: li
     body: dict[str, Any] = {"reward": lead.reward, "status": status.value, "metadata": {}}
     headers = {"Authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
     async with httpx.AsyncClient(timeout=60) as client:
-        r = await client.post(f"{args.router_url}/sessions/{session_id}/finish", json=body, headers=headers)
+        for router in getattr(args, "router_urls", None) or [args.router_url]:  # the one that opened it
+            r = await client.post(f"{router}/sessions/{session_id}/finish", json=body, headers=headers)
+            if r.status_code != 404:
+                break
         r.raise_for_status()
 
 

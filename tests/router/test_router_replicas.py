@@ -4,15 +4,21 @@ engine back); a restarted router recovers only the sessions it opened."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 from safetensors.torch import load_file
 
 from slimeish.buffer import Buffer, EmbeddedServer
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
+from slimeish.common.sample import Sample
+from slimeish.rollout import RolloutConfig
+from slimeish.rollout_functions.sessions import Session, http_client, run_groups
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
 from tests.router.conftest import ADMIN_TOKEN, chat_episode, start_engine
 
@@ -118,3 +124,24 @@ async def test_a_restarted_router_recovers_only_its_own_sessions(tiny_model, eng
         finally:
             for proc in started:
                 proc.stop()
+
+
+def test_a_rollout_spreads_its_sessions_and_each_stays_on_its_router(router_factory, engine_url):
+    routers = [router_factory([engine_url]) for _ in range(2)]
+    cfg = RolloutConfig(rollout_max_response_len=2, n_samples_per_prompt=2)
+    urls = [r.url for r in routers]
+    args = SimpleNamespace(**dataclasses.asdict(cfg), router_url=urls[0], router_urls=urls, admin_token=ADMIN_TOKEN)
+
+    async def episode(session: Session, sample: Sample) -> Sample:
+        assert session.base_url.startswith(session.router_url + "/s/")  # its turns go to the router that opened it
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        (await http_client().post(session.base_url + "/chat/completions", json=chat)).raise_for_status()
+        sample.reward, sample.status = 1.0, Sample.Status.COMPLETED
+        return sample
+
+    groups = [[Sample(group_index=g, index=i, prompt="hi") for i in range(2)] for g in range(2)]
+    done = asyncio.run(run_groups(args, groups, episode, rollout_id=0, evaluation=False))
+    assert [s.status for g in done for s in g] == [Sample.Status.COMPLETED] * 4
+    for router in routers:  # two sessions each, each captured and finished where it was opened
+        assert len(router.store.sessions) == 2 and set(router.store.finished) == set(router.store.sessions)
+        assert all(len(turns) == 1 for turns in router.store.turns.values())
