@@ -59,6 +59,7 @@ _SCRIPTS = (
     "APPEND_TURN",
     "FINISH_SESSION",
     "SET_REWARD",
+    "RECOVER_OWNED",
     "ACK",
     "GIVE_BACK",
     "DROP",
@@ -172,6 +173,7 @@ class Buffer:
             _json(info.metadata, "metadata"),
             time.time(),
             int(info.trainable),
+            info.owner,
         ]
         return bool(await self._run("OPEN_SESSION", [k.session(sid), k.group(gid), k.members(gid), k.stats], args))
 
@@ -486,7 +488,7 @@ class Buffer:
         await self.redis.rpush(self.keys.resumes, orjson.dumps(asdict(resume)))
         self._resumes.append(resume)
 
-    async def recover_open_groups(self) -> list[RegenerateRequest]:
+    async def recover_open_groups(self, owner: str | None = None) -> list[RegenerateRequest]:
         """Queue again whatever the rollout side was generating when it died; call it on resume,
         before any rollout runs.
 
@@ -495,9 +497,14 @@ class Buffer:
         open (their agents died; they are closed as aborted and retired) and sessions finished
         without a reward (the process that would have set it died; they are retired, and a late
         `set_reward` on one is a ConflictError). Rewarded and failed members are kept. The queue
-        is rebuilt from the groups themselves, so no request is lost or doubled."""
+        is rebuilt from the groups themselves, so no request is lost or doubled.
+
+        `owner` (a restarted router's id): only the sessions that router opened and that are still
+        open are closed, and only their places queued (added to the queue, which other parts keep
+        using): the other routers' sessions live on, and the rollout side still sets its rewards."""
         k = self.keys
-        await self.redis.delete(k.regenerate)
+        if owner is None:
+            await self.redis.delete(k.regenerate)
         group_ids = [k.group_id_from_key(key.decode()) async for key in self.redis.scan_iter(match=k.groups_pattern())]
         pipe = self.redis.pipeline(transaction=False)
         for gid in group_ids:
@@ -512,7 +519,8 @@ class Buffer:
                 continue
             held = _sessions_by_index(members)
             keys = [k.group(gid), k.members(gid), k.stats, *(k.session(sid) for _, sid in held)]
-            calls.append(self._run("RECOVER", keys, [time.time(), *(x for pair in held for x in pair)]))
+            script, whose = ("RECOVER", []) if owner is None else ("RECOVER_OWNED", [owner])
+            calls.append(self._run(script, keys, [time.time(), *whose, *(x for pair in held for x in pair)]))
             open_groups.append((gid, required(group, "metadata")))
         requests = [
             RegenerateRequest(gid, orjson.loads(metadata), [int(i) for i in free], None, None)

@@ -27,6 +27,7 @@ class SessionInfo:
     group_size: int
     metadata: dict[str, Any] = field(default_factory=dict)
     trainable: bool = True  # False: an evaluation episode; its group is stored, never handed to a trainer
+    owner: str = ""  # the router that opened it (its --router-id): that router's recovery closes only its own
 
     def validate(self) -> None:
         if not self.session_id or not self.group_id:

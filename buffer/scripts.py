@@ -29,7 +29,7 @@ end
 """
 
 # KEYS: session, group, members, stats
-# ARGV: session_id, group_id, index, group_size, metadata_json, now, trainable ('1' or '0')
+# ARGV: session_id, group_id, index, group_size, metadata_json, now, trainable ('1' or '0'), owner
 OPEN_SESSION = """
 local old_group = redis.call('HGET', KEYS[1], 'group_id')
 if old_group then
@@ -61,7 +61,8 @@ else
 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[1])
 redis.call('HSET', KEYS[1], 'group_id', ARGV[2], 'index', ARGV[3], 'group_size', ARGV[4], 'group_seq', seq,
-  'status', 'pending', 'reward', '', 'metadata', ARGV[5], 'finish_metadata', '{}', 'created_at', ARGV[6], 'n_turns', 0)
+  'status', 'pending', 'reward', '', 'metadata', ARGV[5], 'finish_metadata', '{}', 'created_at', ARGV[6], 'n_turns', 0,
+  'owner', ARGV[8])
 redis.call('HINCRBY', KEYS[4], 'sessions_open', 1)
 return 1
 """
@@ -265,6 +266,32 @@ end
 local free = {}
 for index = 0, tonumber(redis.call('HGET', KEYS[1], 'size')) - 1 do
   if not filled[index] then free[#free + 1] = index end
+end
+return free
+"""
+
+# One router's recovery: only the sessions it opened (owner = its id) that are still open are
+# closed as aborted, and their places returned; the other routers' live sessions, and members
+# whose reward the rollout side still sets, are left alone.
+# KEYS: group, members, stats, then one session key per held member (as RECOVER)
+# ARGV: now, owner, then index/session id pairs
+RECOVER_OWNED = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
+  return {}
+end
+local free = {}
+for i = 1, #KEYS - 3 do
+  local index, sid = ARGV[2 * i + 1], ARGV[2 * i + 2]
+  if redis.call('HGET', KEYS[2], index) == sid then
+    local status, owner = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'owner'))
+    if status == 'pending' and owner == ARGV[2] then
+      redis.call('HDEL', KEYS[2], index)
+      redis.call('HSET', KEYS[i + 3], 'status', 'aborted', 'finished_at', ARGV[1], 'retired_at', ARGV[1])
+      redis.call('HINCRBY', KEYS[3], 'sessions_open', -1)
+      redis.call('HINCRBY', KEYS[3], 'sessions_finished', 1)
+      free[#free + 1] = tonumber(index)
+    end
+  end
 end
 return free
 """

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 import math
 import statistics
 import threading
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -46,6 +47,7 @@ class Session:
     session_id: str
     api_key: str
     base_url: str  # OpenAI base URL: http://ROUTER/s/<api_key>/v1
+    router_url: str  # the router that opened it: every later call for the session goes there
 
     @property
     def generate_url(self) -> str:
@@ -81,18 +83,30 @@ async def send_retrying(
     raise AssertionError("tenacity returns or raises")
 
 
-class RouterSessions:
-    """Opens and finishes sessions on the router with the admin token; one shared HTTP client.
-    Each call rides out a router restart or a buffer outage (`send_retrying`)."""
+# Where each RouterSessions starts among equally loaded routers: rollout calls that each open a
+# few sessions must not all begin with the first router.
+_first_router = itertools.count()
 
-    def __init__(self, router_url: str, admin_token: str | None, client: httpx.AsyncClient, retry_s: float = 120.0):
-        self.router_url = router_url.rstrip("/")
+
+class RouterSessions:
+    """Opens and finishes sessions on the routers with the admin token; one shared HTTP client.
+    Each new session goes to the router with the fewest sessions this object has open there, and
+    each later call for it to the router that opened it (a session lives on one router). Each call
+    rides out a router restart or a buffer outage (`send_retrying`)."""
+
+    def __init__(
+        self, router_urls: Sequence[str], admin_token: str | None, client: httpx.AsyncClient, retry_s: float = 120.0
+    ):
+        if not router_urls:
+            raise ValueError("RouterSessions needs at least one router URL")
+        start = next(_first_router) % len(router_urls)
+        urls = [u.rstrip("/") for u in router_urls]
+        self.open_on = dict.fromkeys(urls[start:] + urls[:start], 0)  # min() takes the first of equals
         self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
         self.client = client
         self.retry_s = retry_s
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        url = f"{self.router_url}{path}"
+    async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         return await send_retrying(self.client, method, url, self.retry_s, headers=self.headers, **kwargs)
 
     async def open(
@@ -109,12 +123,18 @@ class RouterSessions:
         what the session's turns leave out."""
         body = {"group_id": group_id, "index": index, "group_size": group_size, "metadata": metadata}
         body |= {"trainable": trainable, "sampling_defaults": sampling_defaults or {}}
-        d = (await self._send("POST", "/sessions", json=body)).raise_for_status().json()
-        return Session(d["session_id"], d["api_key"], d["base_url"])
+        router = min(self.open_on, key=self.open_on.__getitem__)
+        self.open_on[router] += 1
+        try:
+            d = (await self._send("POST", f"{router}/sessions", json=body)).raise_for_status().json()
+        except BaseException:
+            self.open_on[router] -= 1
+            raise
+        return Session(d["session_id"], d["api_key"], d["base_url"], router)
 
     async def captured_turns(self, session: Session) -> int:
         """How many turns the router captured on the session so far."""
-        r = await self._send("GET", f"/sessions/{session.session_id}")
+        r = await self._send("GET", f"{session.router_url}/sessions/{session.session_id}")
         return int(r.raise_for_status().json()["turns"])
 
     async def finish(
@@ -123,7 +143,8 @@ class RouterSessions:
         """The finished session's summary; None if the router no longer knows it: a restarted
         router closed it as aborted and its group place is generated again (`--recover-open-sessions`)."""
         body = {"reward": reward, "status": status.value, "metadata": metadata or {}}
-        r = await self._send("POST", f"/sessions/{session.session_id}/finish", json=body)
+        r = await self._send("POST", f"{session.router_url}/sessions/{session.session_id}/finish", json=body)
+        self.open_on[session.router_url] -= 1
         if r.status_code == 404:
             log.warning("session %s was lost with a router restart; its place is generated again", session.session_id)
             return None
@@ -231,7 +252,8 @@ async def run_groups(
     limits = httpx.Limits(max_connections=args.rollout_concurrency)  # one connection per running episode
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30), limits=limits) as client:
         _client.set(client)
-        sessions = RouterSessions(args.router_url, args.admin_token, client, args.router_retry_s)
+        routers = getattr(args, "router_urls", None) or [args.router_url]  # a plugin's own args may name one
+        sessions = RouterSessions(routers, args.admin_token, client, args.router_retry_s)
         # The rollout's sampling, for the turns an agent sends without it (token-in sends it all itself).
         sampling = sampling_params(args, evaluation=evaluation)
         # Only a custom generate can have called the engine around the session (the root /generate);

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
@@ -95,7 +95,10 @@ async def create_session(
     except ValueError as e:
         raise APIError(400, str(e), param="index") from None
     if session.session_id not in state.sessions.by_id:  # else a retry whose first answer was lost
-        info = SessionInfo(session.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable)
+        info = SessionInfo(
+            session.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable,
+            owner=state.config.router_id,
+        )  # fmt: skip
         await _open(state, session, info)
     base = str(request.base_url).rstrip("/")
     return {
@@ -151,9 +154,15 @@ class EngineURL(BaseModel):
 EngineBody = Annotated[EngineURL, Depends(json_body(EngineURL))]
 
 
+def _pool(state: RouterState) -> dict:
+    """The engines, and the weight version of the last update this router did or recorded."""
+    update = state.pool.update
+    return {"engines": [e.as_dict() for e in state.pool.engines.values()], "weight_version": update and update.version}
+
+
 @admin.get("/admin/engines")
 async def list_engines(state: AdminState) -> dict:
-    return {"engines": [e.as_dict() for e in state.pool.engines.values()]}
+    return _pool(state)
 
 
 @admin.post("/admin/engines")
@@ -171,7 +180,23 @@ async def remove_engine(state: AdminState, req: EngineBody) -> dict:
         state.pool.remove(req.url)
     except KeyError:
         raise APIError(404, f"no engine {req.url!r}", param="url", code="engine_not_found") from None
-    return {"engines": [e.as_dict() for e in state.pool.engines.values()]}
+    return _pool(state)
+
+
+class RecordUpdate(BaseModel):
+    path: Literal["/update_weights_from_disk", "/update_weights_from_tensor"]
+    body: dict
+
+
+@admin.post("/admin/record_update")
+async def record_update(state: AdminState, req: Annotated[RecordUpdate, Depends(json_body(RecordUpdate))]) -> dict:
+    """An update another router of the run fanned out to the engines: remembered, not sent, so an
+    engine that comes back behind it is caught up here too (router replicas)."""
+    try:
+        await state.pool.record(req.path, req.body)
+    except ValueError as e:
+        raise APIError(400, str(e), param="body") from None
+    return _pool(state)
 
 
 _FAN_OUT = (

@@ -26,10 +26,16 @@ class RouterConfig:
     engine: list[str] = help_field([], help="engine base URL (SGLang protocol, or an SGLang/smg router); repeatable")
     buffer_url: str | None = help_field(None, help="redis:// URL of the data buffer; without it turns stay in memory")
     run_id: str = help_field("default", help="run id under which the buffer stores this run")
+    router_id: str = help_field(
+        "",
+        help="this router's name among the run's routers; the sessions it opens record it, so that its "
+        "--recover-open-sessions closes only its own (set by `slimeish train`: router, or router0, router1, ...)",
+    )
     recover_open_sessions: bool = help_field(
         False,
         help="on start, close the run's open sessions in the buffer as aborted and queue their places for "
-        "regeneration: a router that died held them (set by `slimeish train`; not with several routers on one run)",
+        "regeneration: a router that died held them (set by `slimeish train`); with --router-id only the "
+        "sessions of that id, so several routers can share a run",
     )
     store_timeout: float = help_field(
         5.0,

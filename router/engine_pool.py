@@ -9,8 +9,9 @@ that answers with an error or times out fails only that request: a poison reques
 generation must not empty the pool.
 
 Weight updates go to the engines that are up (`fan_out`); one that is down is skipped, and the
-pool remembers the last update, so an engine that comes back serving another version (restarted,
-or down during an update) is brought to the pool's version before it is re-admitted.
+pool remembers the last update, so an engine that comes back serving an older version (restarted,
+or down during an update) is brought to the pool's version before it is re-admitted. With several
+routers, one fans the update out and the others only `record` it.
 
 The client is aiohttp: the router's own cost per turn is mostly this hop, and with many
 connections to one engine httpx spent ~1.1 ms of CPU per request in its connection pool, aiohttp
@@ -303,13 +304,18 @@ class EnginePool:
         engine.healthy = ok
 
     def _behind(self, engine: Engine) -> bool:
-        return self.update is not None and engine.weight_version != self.update.version
+        """Serving an older version than the last update (or none it reports). An engine ahead of
+        it was updated by another router of the run before this one learnt of it (`record`):
+        catching up only ever moves an engine forward."""
+        if self.update is None:
+            return False
+        return engine.weight_version is None or engine.weight_version < self.update.version
 
     async def _catch_up(self, engine: Engine) -> bool:
         """Replay the last weight update to an engine serving another version; whether it took it."""
         async with self._updating:
             update = self.update
-            if update is None or engine.weight_version == update.version:
+            if update is None or not self._behind(engine):
                 return True
             log.warning(
                 "engine %s serves weight version %s, the pool %d: loading it before re-admission",
@@ -317,7 +323,7 @@ class EnginePool:
             )  # fmt: skip
             result = await self._post(engine, update.path, update.body)
             await self._check_version(engine)
-        if engine.weight_version == update.version:
+        if not self._behind(engine):
             log.warning("engine %s caught up to weight version %d", engine.url, update.version)
             return True
         log.error("engine %s failed to load weight version %d: %s", engine.url, update.version, result)
@@ -380,8 +386,22 @@ class EnginePool:
         for engine in (e for e in up if e.healthy):
             with contextlib.suppress(*HTTP_ERRORS):
                 await self._check_version(engine)
-            if self._behind(engine):
+            if engine.weight_version != self.update.version:
                 self._eject(engine, f"reports weight version {engine.weight_version} after the update")
+
+    async def record(self, path: str, body: dict) -> None:
+        """Learn an update another router of the run fanned out (router replicas: each engine is
+        updated once, by one router); it replaces the last one, as the trainer decides the order
+        (a resumed run goes back to an older version). The engines' versions are read again, so
+        every router reports the same."""
+        version = body.get("weight_version")
+        if version is None:
+            raise ValueError("the update's body has no weight_version: there is nothing to catch engines up to")
+        async with self._updating:
+            self.update = WeightUpdate(path, body, int(version))
+            for engine in (e for e in self.engines.values() if e.healthy):
+                with contextlib.suppress(*HTTP_ERRORS):
+                    await self._check_version(engine)
 
     async def _post(self, engine: Engine, path: str, body: dict | None) -> dict:
         try:

@@ -38,7 +38,11 @@ async def open_store(config: RouterConfig) -> TurnStore:
     from slimeish.router.storage import BufferStore
 
     return await BufferStore.connect(
-        config.buffer_url, config.run_id, config.store_timeout, recover=config.recover_open_sessions
+        config.buffer_url,
+        config.run_id,
+        config.store_timeout,
+        recover=config.recover_open_sessions,
+        owner=config.router_id,
     )
 
 

@@ -52,12 +52,15 @@ class BufferStore:
         self.buffer, self.timeout = buffer, timeout
 
     @classmethod
-    async def connect(cls, url: str, run_id: str, timeout: float, recover: bool = False) -> BufferStore:
+    async def connect(
+        cls, url: str, run_id: str, timeout: float, recover: bool = False, owner: str = ""
+    ) -> BufferStore:
         """`recover`: close the sessions a dead router left open (aborted) and queue their group
-        places for regeneration, before this one serves: its agents lost their sessions with it."""
+        places for regeneration, before this one serves: its agents lost their sessions with it.
+        With an `owner` (this router's id) only that router's sessions: other routers' live on."""
         buffer = Buffer(url, run_id)
         await buffer.redis.ping()  # fail at start-up, not at the first turn
-        if recover and (requests := await buffer.recover_open_groups()):
+        if recover and (requests := await buffer.recover_open_groups(owner or None)):
             places = sum(len(r.indices) for r in requests)
             log.warning("closed the sessions a previous router left open: %d group places to regenerate", places)
         return cls(buffer, timeout)

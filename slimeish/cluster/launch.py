@@ -109,12 +109,14 @@ class RayStack:
             for url in self.engine_urls:  # an engine that cannot take this run's weights fails the run now
                 check_engine(url, self.weight_sync)
             self._check_tensor_sync()
-        n_routers: int = getattr(self.cfg, "num_routers", 1)  # StackConfig's --num-routers, where it has one
-        argv = router_argv(
-            self.model_path, "{port}", buffer_url=self.buffer_url, run_id=self.run_id, admin_token=self.admin_token,
-            engine_urls=self.engine_urls, host="{host}",
-        )  # fmt: skip
-        self.router_urls = self._start("router", [["slimeish", *argv]] * n_routers)
+        argvs = [
+            ["slimeish", *router_argv(
+                self.model_path, "{port}", buffer_url=self.buffer_url, run_id=self.run_id, admin_token=self.admin_token,
+                engine_urls=self.engine_urls, router_id=f"router{i}", host="{host}",
+            )]
+            for i in range(self.cfg.num_routers)
+        ]  # fmt: skip
+        self.router_urls = self._start("router", argvs)
         for part in self._parts("engine"):
             ray.get(part.actor.set_routers.remote(self.router_urls, self.admin_token))
 

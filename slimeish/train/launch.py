@@ -1,4 +1,4 @@
-"""Start (or connect to) the parts a run needs: buffer, engines, router.
+"""Start (or connect to) the parts a run needs: buffer, engines, routers.
 
 Every part is a separate process speaking HTTP or the Redis protocol, exactly as when the parts
 run on different machines; `slimeish train` only composes them. Anything given as a URL is used
@@ -38,7 +38,12 @@ class StackConfig:
     )
     num_engines: int = help_field(1, help="embedded engines to start when no --engine-url is given")
     engine_device: str = help_field("cpu", help="device for embedded engines (cpu or cuda)")
-    router_port: int | None = help_field(None, help="router port (default: a free port)")
+    num_routers: int = help_field(
+        1,
+        help="routers to start, each in front of every engine; new sessions are spread across them "
+        "(one router process is about one core)",
+    )
+    router_port: int | None = help_field(None, help="the first router's port (default: a free port)")
     admin_token: str | None = help_field(None, help="router admin token (default: a fresh random token)")
     startup_timeout: float = help_field(120.0, help="seconds to wait for each part to become healthy")
     viewer_port: int | None = help_field(None, help="also serve `slimeish viewer` of this run on this port")
@@ -47,6 +52,10 @@ class StackConfig:
         help="restarts of one started part (buffer, engine, router) within --restart-window-s; one more ends it",
     )
     restart_window_s: float = help_field(600.0, help="the window in which --max-restarts are counted")
+
+    def __post_init__(self) -> None:
+        if self.num_routers < 1:
+            raise ValueError(f"--num-routers must be at least 1, got {self.num_routers}")
 
 
 def wait_redis(url: str, timeout: float, proc: ManagedProcess | None = None) -> None:
@@ -104,11 +113,13 @@ def engine_argv(model_path: Path, port: int | str, device: str, host: str = "127
 
 def router_argv(
     model_path: Path, port: int | str, *, buffer_url: str, run_id: str, admin_token: str, engine_urls: list[str],
-    host: str = "127.0.0.1",
+    router_id: str, host: str = "127.0.0.1",
 ) -> list[str]:  # fmt: skip
+    """A router's argv; `router_id` names it in the sessions it opens, so that when it restarts it
+    recovers (closes and regenerates) only what its dead self held, not the other routers' sessions."""
     argv = ["router", *flags(model=model_path, port=port, buffer_url=buffer_url, run_id=run_id, host=host)]
-    argv += flags(admin_token=admin_token) + [f"--engine={url}" for url in engine_urls]
-    argv.append("--recover-open-sessions")  # a restarted router closes what its dead self held
+    argv += flags(admin_token=admin_token, router_id=router_id) + [f"--engine={url}" for url in engine_urls]
+    argv.append("--recover-open-sessions")
     return argv
 
 
@@ -119,10 +130,12 @@ def router_engines(method: str, router_url: str, engine_url: str, admin_token: s
     try:
         r = httpx.request(method, f"{router_url}/admin/engines", json={"url": engine_url}, headers=headers, timeout=60)
     except httpx.HTTPError as e:
-        log.warning("could not tell the router about %s (%s %r)", engine_url, method, e)
+        log.warning("could not tell the router %s about %s (%s %r)", router_url, engine_url, method, e)
         return
     if r.status_code >= 400 and r.status_code != 404:
-        log.warning("router answered %s to %s of %s: %s", r.status_code, method, engine_url, r.text[:300])
+        log.warning(
+            "router %s answered %s to %s of %s: %s", router_url, r.status_code, method, engine_url, r.text[:300]
+        )
 
 
 class RunningStack(Protocol):
@@ -163,7 +176,12 @@ class Stack:
         )  # fmt: skip
         self.buffer_url = ""
         self.engine_urls: list[str] = []
-        self.router_url = ""
+        self.router_urls: list[str] = []
+
+    @property
+    def router_url(self) -> str:
+        """The first router: slime's `sglang_router_ip/port` and the viewer point at it."""
+        return self.router_urls[0] if self.router_urls else ""
 
     def __enter__(self) -> Stack:
         try:
@@ -172,7 +190,7 @@ class Stack:
                 self.engine_urls = [check_engine(url, self.weight_sync) for url in self.cfg.engine_url]
             else:
                 self.engine_urls = [self._start_engine(i) for i in range(self.cfg.num_engines)]
-            self.router_url = self._start_router()
+            self.router_urls = [self._start_router(i) for i in range(self.cfg.num_routers)]
             if self.cfg.viewer_port is not None:
                 self._start_viewer(self.cfg.viewer_port)
         except BaseException:
@@ -184,10 +202,6 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.supervisor.stop()
-
-    @property
-    def router_urls(self) -> list[str]:
-        return [self.router_url]
 
     @property
     def fatal(self) -> str | None:
@@ -215,14 +229,16 @@ class Stack:
         argv = engine_argv(self.model_path, port, self.cfg.engine_device)
         return self._start(f"engine{i}", url, "engine", argv, self._wait_health(url))
 
-    def _start_router(self) -> str:
-        port = self.cfg.router_port or free_port()
+    def _start_router(self, i: int) -> str:
+        """Router `i`; its part name is its --router-id, which the sessions it opens record."""
+        port = (self.cfg.router_port if i == 0 else None) or free_port()
         url = f"http://127.0.0.1:{port}"
+        name = "router" if self.cfg.num_routers == 1 else f"router{i}"
         argv = router_argv(
             self.model_path, port, buffer_url=self.buffer_url, run_id=self.run_id, admin_token=self.admin_token,
-            engine_urls=self.engine_urls,
+            engine_urls=self.engine_urls, router_id=name,
         )  # fmt: skip
-        return self._start("router", url, "router", argv, self._wait_health(url))
+        return self._start(name, url, "router", argv, self._wait_health(url))
 
     def _start_viewer(self, port: int) -> None:
         url = f"http://127.0.0.1:{port}"
@@ -245,7 +261,10 @@ class Stack:
         self._write_parts()
 
     def _router_engines(self, method: str, engine_url: str) -> None:
-        router_engines(method, self.router_url, engine_url, self.admin_token)
+        """Tell every router, in order: the first one, which fans weight updates out, catches a
+        returning engine up, so the others find it current and load nothing into it."""
+        for router in self.router_urls:
+            router_engines(method, router, engine_url, self.admin_token)
 
     def _write_parts(self) -> None:
         """`parts.json` in the run dir: each started part's URL and pid (operators, chaos tests)."""

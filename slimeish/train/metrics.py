@@ -98,33 +98,42 @@ def _metric_key(name: str, labels: dict[str, str]) -> str:
 
 
 class RouterCounters:
-    """Router counters (its Prometheus `/metrics`) as increments since the previous read, so each
-    step reports what the router saw meanwhile: tool-call parse failures (by family and reason),
-    segment splits by reason, captured and bridged turns."""
+    """Router counters (each router's Prometheus `/metrics`) as increments since the previous
+    read, summed over the run's routers, so each step reports what the routers saw meanwhile:
+    tool-call parse failures (by family and reason), segment splits by reason, captured and
+    bridged turns."""
 
-    def __init__(self, router_url: str):
-        self.url = f"{router_url.rstrip('/')}/metrics"
-        self._last = self._read()
-
-    def _read(self) -> dict[str, float] | None:
-        try:
-            text = httpx.get(self.url, timeout=10).raise_for_status().text
-        except httpx.HTTPError:  # the router is restarting: this step's counts are left out
-            return None
-        samples = (s for family in text_string_to_metric_families(text) for s in family.samples)
-        values = {_metric_key(s.name, s.labels): s.value for s in samples if s.name in ROUTER_COUNTERS}
-        return {key: value for key, value in values.items() if key not in NOT_SPLITS}
+    def __init__(self, *router_urls: str):
+        self.urls = [f"{url.rstrip('/')}/metrics" for url in router_urls]
+        self._last = {url: _read_counters(url) for url in self.urls}
 
     def delta(self) -> dict[str, float]:
-        """Each series' increment; a labelled series appears once the router has counted it."""
-        now = self._read()
-        if now is None:
+        """Each series' increment; a labelled series appears once a router has counted it."""
+        out: dict[str, float] = {}
+        for url in self.urls:
+            for key, value in self._delta(url).items():
+                out[key] = out.get(key, 0.0) + value
+        return out
+
+    def _delta(self, url: str) -> dict[str, float]:
+        now = _read_counters(url)
+        if now is None:  # the router is restarting: its counts of this step are left out
             return {}
-        last = self._last or {}
+        last = self._last[url] or {}
         # A counter below its last reading was reset by a router restart: count from zero.
         out = {key: value - (last.get(key, 0.0) if value >= last.get(key, 0.0) else 0.0) for key, value in now.items()}
-        self._last = now
+        self._last[url] = now
         return out
+
+
+def _read_counters(url: str) -> dict[str, float] | None:
+    try:
+        text = httpx.get(url, timeout=10).raise_for_status().text
+    except httpx.HTTPError:
+        return None
+    samples = (s for family in text_string_to_metric_families(text) for s in family.samples)
+    values = {_metric_key(s.name, s.labels): s.value for s in samples if s.name in ROUTER_COUNTERS}
+    return {key: value for key, value in values.items() if key not in NOT_SPLITS}
 
 
 class MetricsLogger:

@@ -53,7 +53,7 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
     from slimeish.trainer.weight_sync import WeightSync
 
     run = setup.run
-    args = plugin_args(setup, stack.router_url, stack.admin_token)
+    args = plugin_args(setup, stack.router_url, stack.admin_token, router_urls=stack.router_urls)
     rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
     data, eval_data = train_source(setup), eval_source(setup)
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
@@ -61,7 +61,7 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
         log.info("resuming from %s", load.resolve())
     start, saved = await asyncio.to_thread(resume, trainer, data, load)
     logger = MetricsLogger(run.run_dir, keep_before=start)
-    router_counters = await asyncio.to_thread(RouterCounters, stack.router_url)
+    router_counters = await asyncio.to_thread(RouterCounters, *stack.router_urls)
     ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
     with WeightSync(sync_config(run, stack)) as sync, contextlib.closing(logger):
         # Before any rollout the engines serve the trainer's version: a resumed run's, or a fresh
@@ -123,6 +123,10 @@ def sync_config(run: RunConfig, stack: RunningStack) -> WeightSyncConfig:
     disk_dir = (run.run_dir / "weights").resolve()
     if run.weight_sync == "distributed":  # NCCL groups are per engine: the router cannot fan them out
         return WeightSyncConfig(engine_urls=stack.engine_urls, method="distributed", disk_dir=disk_dir)
-    return WeightSyncConfig(
-        router_url=stack.router_url, admin_token=stack.admin_token, method=run.weight_sync, disk_dir=disk_dir
+    return WeightSyncConfig(  # the first router updates each engine once; the others record it
+        router_url=stack.router_url,
+        record_router_urls=stack.router_urls[1:],
+        admin_token=stack.admin_token,
+        method=run.weight_sync,
+        disk_dir=disk_dir,
     )

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from slimeish.buffer import Buffer, SessionInfo, Turn
+from slimeish.buffer import Buffer, ConflictError, SessionInfo, Turn
 from slimeish.common.sample import Sample, Status, teacher_metadata
 from slimeish.data import DataSource
 from slimeish.rollout import (
@@ -84,7 +84,14 @@ async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], args: Any
             assert sample.session_id is not None, "a sample left to record names its open session"
             left_open.setdefault(sample.session_id, []).append(sample)
         elif not sample.session_id:
-            await _store_direct(buffer, sample, args)
+            try:
+                await _store_direct(buffer, sample, args)
+            except ConflictError:
+                if sample.status != Status.FAILED:
+                    raise
+                # Failed because its place was taken when it opened its session (a regeneration a
+                # restarted router queued got there first): that session fills the place.
+                log.warning("not recording failed sample %s: its group place is held", sample.index)
     for session_id, member in left_open.items():
         await record_returned(buffer, args, session_id, member)
 
@@ -102,7 +109,10 @@ async def record_returned(buffer: Buffer, args: Any, session_id: str, member: li
     body: dict[str, Any] = {"reward": lead.reward, "status": status.value, "metadata": teacher_metadata(member)}
     headers = {"Authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
     async with httpx.AsyncClient(timeout=60) as client:
-        r = await client.post(f"{args.router_url}/sessions/{session_id}/finish", json=body, headers=headers)
+        for router in getattr(args, "router_urls", None) or [args.router_url]:  # the one that opened it
+            r = await client.post(f"{router}/sessions/{session_id}/finish", json=body, headers=headers)
+            if r.status_code != 404:
+                break
         r.raise_for_status()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -214,14 +215,17 @@ SLIME_ARGS: dict[str, Any] = {
 }
 
 
-def plugin_args(setup: TrainSetup, router_url: str, admin_token: str) -> argparse.Namespace:
+def plugin_args(
+    setup: TrainSetup, router_url: str, admin_token: str, *, router_urls: Sequence[str] = ()
+) -> argparse.Namespace:
     """The `args` rollout plugins receive: every option under slime's names (the rollout
-    function's own included), plus where the router is. A copy per run: plugins may read it
-    freely; changes do not reach the configs."""
+    function's own included), plus where the routers are (`router_url` is the first of
+    `router_urls`). A copy per run: plugins may read it freely; changes do not reach the configs."""
     host, _, port = router_url.removeprefix("http://").partition(":")
     where = {
         "hf_checkpoint": str(setup.trainer.model_path),
         "router_url": router_url,
+        "router_urls": list(router_urls) or [router_url],  # sessions are spread across them
         "admin_token": admin_token,  # the running router's (--admin-token may be unset)
         "sglang_router_ip": host,
         "sglang_router_port": int(port),

@@ -2,8 +2,10 @@
 
 Talks either to the router's admin fan-out (`/admin/...`, bearer admin token; the router forwards
 each call to every engine) or straight to a list of engines (SGLang endpoint names), so the same
-client works before, behind and without a router. Generation is paused in place: no request is
-aborted, running requests continue with the new weights and report both versions.
+client works before, behind and without a router. With router replicas one router fans out and
+the others are told the update (`/admin/record_update`): each engine is updated once. Generation
+is paused in place: no request is aborted, running requests continue with the new weights and
+report both versions.
 
 Update methods:
 - `tensor`: the same-host fast path. The trainer writes one safetensors file with HF names to
@@ -45,6 +47,11 @@ log = logging.getLogger(__name__)
 class WeightSyncConfig:
     router_url: str | None = help_field(None, help="router base URL: sync through its /admin fan-out")
     admin_token: str | None = help_field(None, help="router admin token (Authorization: Bearer)")
+    record_router_urls: list[str] = help_field(
+        [],
+        help="the run's other routers (replicas): router_url updates every engine once, these only record the "
+        "update (to catch up an engine that comes back behind it)",
+    )
     engine_urls: list[str] = help_field([], help="engine base URLs to update directly (when no router)")
     method: Literal["tensor", "disk", "distributed"] = help_field(
         "tensor",
@@ -64,6 +71,8 @@ class WeightSyncConfig:
             raise ValueError("give exactly one of router_url and engine_urls")
         if self.router_url and not self.admin_token:
             raise ValueError("router_url needs admin_token")
+        if self.record_router_urls and not self.router_url:
+            raise ValueError("record_router_urls needs router_url: the router that updates the engines")
         if self.method == "distributed" and not self.engine_urls:
             raise ValueError("method='distributed' talks to each engine: give engine_urls")
 
@@ -154,8 +163,17 @@ class WeightSync:
         if self._nccl is not None:
             self._nccl.update(payload["state"], version)
             return
-        replies = self._call(f"update_weights_from_{self.config.method}", payload)
+        endpoint = f"update_weights_from_{self.config.method}"
+        replies = self._call(endpoint, payload)
         _check_versions(replies, version)
+        for router in self.config.record_router_urls:  # before generation continues: all routers agree
+            url = f"{router.rstrip('/')}/admin/record_update"
+            try:
+                r = self._post(url, {"path": f"/{endpoint}", "body": payload})
+            except httpx.TransportError as e:
+                raise WeightSyncError(f"{url}: no answer for {self.config.retry_s:g} s: {e!r}") from e
+            if r.status_code != 200:
+                raise WeightSyncError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
 
     def _prepare(self, trainer: SyncSource, version: str) -> tuple[dict[str, Any], Any]:
         if self.config.method == "distributed":

@@ -266,3 +266,25 @@ async def test_a_resume_is_stored_for_every_later_trainer(buf: Buffer, valkey, r
     async with Buffer(valkey.url, run_id) as restarted:  # another process reads it from the buffer
         assert (await restarted.take_groups(1, "t", current_version=5)).groups == []
         assert (await restarted.stats()).groups_reopened == 1
+
+
+async def test_a_routers_recovery_closes_only_the_sessions_it_opened(buf: Buffer):
+    # Group g: member 0 open on router0 (which died), member 1 open on router1 (alive), member 2
+    # finished by router0 and waiting for its reward from the rollout side (alive).
+    await buf.open_session(SessionInfo("g-0", "g", 0, 3, {"prompt": "p"}, owner="router0"))
+    await buf.append_turn(turn("g-0", 0))
+    await buf.open_session(SessionInfo("g-1", "g", 1, 3, owner="router1"))
+    await buf.open_session(SessionInfo("g-2", "g", 2, 3, owner="router0"))
+    await buf.append_turn(turn("g-2", 0))
+    await buf.finish_session("g-2", None, "completed")
+    await buf.redis.rpush(buf.keys.regenerate, b'{"group_id": "queued by someone alive"}')
+
+    (request,) = await buf.recover_open_groups(owner="router0")
+    assert (request.group_id, request.indices, request.metadata) == ("g", [0], {"prompt": "p"})
+    assert await buf.recover_open_groups(owner="router0") == []  # nothing of router0's is open any more
+    statuses = [await buf.redis.hget(buf.keys.session(f"g-{i}"), "status") for i in range(3)]
+    assert statuses == [b"aborted", b"pending", b"completed"]
+    assert await buf.redis.llen(buf.keys.regenerate) == 2  # the queue is added to, not rebuilt
+    assert await buf.set_reward("g-2", 1.0)  # the rollout side's reward still lands
+    await buf.append_turn(turn("g-1", 0))  # router1's session goes on
+    await buf.finish_session("g-1", 0.5, "completed")

@@ -1,7 +1,7 @@
 """`slimeish train --launcher ray` on a multi-node Ray cluster simulated on this machine.
 
 Three nodes with distinct custom resources: the head (the trainer: the run's own process), node A
-(`engine`: the engines) and node B (`router`: the router and the buffer server). The run trains
+(`engine`: the engines) and node B (`router`: two routers and the buffer server). The run trains
 with exact capture, each part runs where its resources say (Ray's state API), and when node A is
 removed mid-run its engines come back on the replacement node: the run completes with every step
 trained once, no group lost and none trained twice.
@@ -30,7 +30,7 @@ def cluster():
     c = Cluster(initialize_head=True, head_node_args=head)
     c.nodes_by_role = {"head": c.head_node}
     c.nodes_by_role["engine"] = c.add_node(num_cpus=2, resources={"engine": 2})
-    c.nodes_by_role["router"] = c.add_node(num_cpus=2, resources={"router": 2})
+    c.nodes_by_role["router"] = c.add_node(num_cpus=3, resources={"router": 3})  # two routers and the buffer
     c.wait_for_nodes()
     ray.init(address=c.address)  # this test's own driver: it reads the state API
     yield c
@@ -52,7 +52,7 @@ def test_a_ray_run_places_each_part_by_its_resources_and_survives_a_node_removed
     run_dir = tmp_path / "rayrun"
     argv = fault_argv(
         tiny_model, prompts, run_dir, "--launcher", "ray", "--ray-address", cluster.address, "--num-engines", "2",
-        "--engine-resources", '{"engine": 1}', "--router-resources", '{"router": 1}',
+        "--num-routers", "2", "--engine-resources", '{"engine": 1}', "--router-resources", '{"router": 1}',
         "--buffer-resources", '{"router": 1}',
     )  # fmt: skip
     node = {role: n.node_id for role, n in cluster.nodes_by_role.items()}
@@ -60,7 +60,7 @@ def test_a_ray_run_places_each_part_by_its_resources_and_survives_a_node_removed
         wait_for(lambda: (run_dir / "trained_groups.jsonl").exists() and len(ledger(run_dir)) >= 2, "2 steps", proc)
         placed = actor_nodes(run_dir.name)
         assert placed == {"engine0": node["engine"], "engine1": node["engine"], "router0": node["router"],
-                          "buffer": node["router"]}  # fmt: skip
+                          "router1": node["router"], "buffer": node["router"]}  # fmt: skip
         parts = json.loads((run_dir / "parts.json").read_text())
         assert parts["trainer"]["node_id"] == node["head"]
         assert parts["router0"]["url"].split(":")[1] != "//127.0.0.1"  # reachable from other nodes
@@ -99,7 +99,7 @@ def test_a_router_whose_node_died_stops_the_run_and_the_same_command_resumes_it(
     assert "run the same command again to resume" in log.read_text()
     assert len(ledger(run_dir)) < STEPS
 
-    cluster.add_node(num_cpus=2, resources={"router": 2})
+    cluster.add_node(num_cpus=3, resources={"router": 3})
     with ManagedProcess(argv, log_path=tmp_path / "resumed.log") as proc:
         assert proc.proc.wait(600) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     check_exactly_once(run_dir)

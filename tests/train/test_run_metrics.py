@@ -51,6 +51,20 @@ def test_router_counters_report_increments_since_the_last_read():
         assert counters.delta() == zero | dict.fromkeys(labelled, 0.0)
 
 
+def test_router_counters_sum_over_the_runs_routers():
+    def served(metrics: RouterMetrics) -> FastAPI:
+        app = FastAPI()
+        app.get("/metrics")(lambda: Response(metrics.render(), media_type="text/plain"))
+        return app
+
+    routers = [RouterMetrics(), RouterMetrics()]
+    with serve_app(served(routers[0])) as first, serve_app(served(routers[1])) as second:
+        counters = RouterCounters(first, second)
+        routers[0].turns.inc(3)
+        routers[1].turns.inc(4)
+        assert counters.delta()["router/turns"] == 7.0
+
+
 def test_batch_metrics_count_splits_by_reason_and_sampled_tokens():
     def sample(mask, reason=None):
         return Sample(tokens=[1] * (2 + len(mask)), response_length=len(mask), loss_mask=mask, reward=1.0,
