@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # router_overhead's stand-in, beside this file
 
-from router_overhead import Stack
+from router_overhead import Stack, standin_reply
 
 from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutConfig
@@ -112,7 +112,8 @@ def main() -> None:
     from slimeish.models.tiny import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack(make_tiny_model(Path(tmp) / "tiny"), Path(tmp))
+        model = make_tiny_model(Path(tmp) / "tiny")
+        stack = Stack(model, Path(tmp), standin_reply(model), smg=False)
         try:
             rows = [episodes_per_s(stack.router, args, nodes) for nodes in (1, 2)]
         finally:

@@ -78,6 +78,11 @@ async def standin_app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
+def standin_argv(port: int, reply: dict) -> list[str]:
+    """The command that serves the stand-in on `port`, answering `reply` (`standin_reply(model)`)."""
+    return [sys.executable, __file__, "--serve-standin", str(port), "--standin-reply", orjson.dumps(reply).decode()]
+
+
 def serve_standin(port: int, reply: str) -> None:
     import uvicorn
 
@@ -98,8 +103,7 @@ class Stack:
         self.standin = f"http://127.0.0.1:{standin_port}"
         self.router = f"http://127.0.0.1:{router_port}"
         self.smg = f"http://127.0.0.1:{smg_port}"
-        self._start([sys.executable, __file__, "--serve-standin", str(standin_port), "--standin-reply",
-                     orjson.dumps(reply).decode()], self.standin, log_dir, "standin")  # fmt: skip
+        self._start(standin_argv(standin_port, reply), self.standin, log_dir, "standin")
         self._start([sys.executable, "-m", "slimeish", "router", "--model", str(model), "--engine", self.standin,
                      "--port", str(router_port)], self.router, log_dir, "router")  # fmt: skip
         self.router_pid = self.procs[-1].pid

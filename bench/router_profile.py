@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from router_overhead import Stack, run_load, turn_costs
+from router_overhead import Stack, run_load, standin_argv, standin_reply, turn_costs
 
 PATHS = ("chat", "responses", "messages")
 
@@ -71,8 +71,7 @@ class ProfiledStack(Stack):
         standin_port, router_port = free_port(), free_port()
         self.standin = f"http://127.0.0.1:{standin_port}"
         self.router = f"http://127.0.0.1:{router_port}"
-        overhead = str(Path(__file__).with_name("router_overhead.py"))
-        self._start([sys.executable, overhead, "--serve-standin", str(standin_port)], self.standin, log_dir, "standin")
+        self._start(standin_argv(standin_port, standin_reply(model)), self.standin, log_dir, "standin")
         self._start([sys.executable, __file__, "--serve-router", str(self.stats), "--model", str(model), "--engine",
                      self.standin, "--port", str(router_port)], self.router, log_dir, "router")  # fmt: skip
         self.router_pid = self.procs[-1].pid

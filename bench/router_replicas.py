@@ -19,11 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from router_overhead import _stepper, cpu_seconds, new_client, post_json
+from router_overhead import _stepper, cpu_seconds, new_client, post_json, standin_argv, standin_reply
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
-
-ROUTER_OVERHEAD = Path(__file__).with_name("router_overhead.py")
 
 
 class Replicas:
@@ -33,9 +31,7 @@ class Replicas:
         self.procs: dict[str, ManagedProcess] = {}
         port = free_port()
         self.standin = f"http://127.0.0.1:{port}"
-        self._start(
-            "standin", [sys.executable, str(ROUTER_OVERHEAD), "--serve-standin", str(port)], self.standin, log_dir
-        )
+        self._start("standin", standin_argv(port, standin_reply(model)), self.standin, log_dir)
         self.routers = []
         for i in range(n):
             port = free_port()
