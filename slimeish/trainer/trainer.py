@@ -237,13 +237,22 @@ class Trainer:
             self._ddp.finish_grad_sync()  # all-reduce over data-parallel ranks
             _, grad_norm, _ = self.optimizer.step()  # Megatron clips to config.clip_grad inside
             return float(grad_norm or 0.0)
+        if data_parallel_rank_and_size()[1] > 1:
+            self._sum_gradients_over_ranks()
         params = [p for p in self.model.parameters() if p.grad is not None]
-        # No DDP on CPU: each rank's loss is its share of the global batch's, so the summed
-        # gradients are the whole batch's, and every rank takes the same step.
-        all_reduce_data_parallel([p.grad for p in params if p.grad is not None])
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad or float("inf"))
         self.optimizer.step()
         return grad_norm.item()
+
+    def _sum_gradients_over_ranks(self) -> None:
+        """No DDP on CPU: each rank's loss is its share of the global batch's, so the summed
+        gradients are the whole batch's, and every rank takes the same step. A rank whose stripe
+        was empty (fewer samples than ranks) has no gradients yet: it adds zeros."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        all_reduce_data_parallel([p.grad for p in params if p.grad is not None])
 
     # ---- weights and checkpoints -----------------------------------------------------------
 
