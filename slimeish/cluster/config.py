@@ -30,6 +30,22 @@ class ClusterConfig:
     router_resources: dict[str, float] = help_field({}, help="custom Ray resources each router needs, as JSON")
     buffer_num_cpus: float = help_field(1.0, help="CPUs the buffer server's actor reserves (--launcher ray)")
     buffer_resources: dict[str, float] = help_field({}, help="custom Ray resources the buffer server needs, as JSON")
+    trainer_world_size: int = help_field(
+        0,
+        help="--launcher ray: the trainer as this many data-parallel rank actors (gloo on CPU, NCCL on GPU), "
+        "placed together by a placement group; 0: the trainer runs in this process",
+    )
+    trainer_num_cpus: float = help_field(1.0, help="CPUs each trainer rank reserves (--trainer-world-size)")
+    trainer_num_gpus: float = help_field(0.0, help="GPUs each trainer rank reserves (--trainer-world-size)")
+    trainer_resources: dict[str, float] = help_field(
+        {}, help="custom Ray resources each trainer rank needs, as JSON: '{\"trainer\": 1}' (--trainer-world-size)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.trainer_world_size < 0:
+            raise ValueError("--trainer-world-size must be >= 0")
+        if self.trainer_world_size and self.launcher != "ray":
+            raise ValueError("--trainer-world-size places trainer ranks on a Ray cluster: add --launcher ray")
 
 
 @dataclass(frozen=True)
@@ -49,4 +65,6 @@ class Placement:
             return cls(cfg.engine_num_cpus, cfg.engine_num_gpus, cfg.engine_resources)
         if role == "router":
             return cls(cfg.router_num_cpus, 0.0, cfg.router_resources)
+        if role == "trainer":
+            return cls(cfg.trainer_num_cpus, cfg.trainer_num_gpus, cfg.trainer_resources)
         return cls(cfg.buffer_num_cpus, 0.0, cfg.buffer_resources)

@@ -1,12 +1,13 @@
 """`--launcher ray`: the run's buffer server, engines and routers as Ray actors (docs/cluster.md).
 
 Each part is a `PartActor` on the node Ray picks from its role's resources (`ClusterConfig`);
-the trainer stays in this process. The same surface as the local `Stack`, so the loop does not
-know which launcher it runs on. A watcher thread follows the parts: an engine whose node died is
-started by Ray on another node (its actor's `max_restarts`) with a new URL, which this takes out
-of every router and puts the new one in (the router loads the current weights into it first). A
-router or buffer whose node died is not moved: the run stops saying so, and the same command
-resumes it (docs/cluster.md, "Node death").
+the trainer stays in this process (or runs as rank actors: `slimeish.cluster.ranks`). The same
+surface as the local `Stack`, so the loop does not know which launcher it runs on. A watcher
+thread follows the parts: an engine whose node died is started by Ray on another node (its
+actor's `max_restarts`) with a new URL, which this takes out of every router and puts the new
+one in (the router loads the current weights into it first). A router or buffer whose node died
+is not moved: the run stops saying so, and the same command resumes it (docs/cluster.md, "Node
+death").
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from slimeish.data import DataSource
 
-if TYPE_CHECKING:  # torch and megatron load only once a run starts
-    from slimeish.trainer.trainer import Trainer
+if TYPE_CHECKING:
+    from slimeish.train.parts import TrainerHandle
 
 
-def save(trainer: Trainer, data: DataSource, root: Path, step: int, unacked: list[str]) -> None:
+def save(trainer: TrainerHandle, data: DataSource, root: Path, step: int, unacked: list[str]) -> None:
     """Checkpoint, recording the groups it holds that the buffer has not acknowledged yet."""
     state = {"rollout_step": step, "unacked_groups": list(unacked), **data.state()}
     trainer.save(root / f"step_{step:06d}", data_state=state)
@@ -22,7 +22,7 @@ def save(trainer: Trainer, data: DataSource, root: Path, step: int, unacked: lis
     tmp.replace(root / "latest")  # atomic: `latest` always names a complete checkpoint
 
 
-def resume(trainer: Trainer, data: DataSource, load: Path | None) -> tuple[int, dict[str, Any]]:
+def resume(trainer: TrainerHandle, data: DataSource, load: Path | None) -> tuple[int, dict[str, Any]]:
     """Restore the trainer from `load`; prompts continue after the last ones handed out (the
     run dir's data_state.json), not the checkpoint's: groups opened after the checkpoint are
     still in the buffer and will be trained, so their prompts must not be generated again.

@@ -8,9 +8,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slimeish.buffer import Buffer
 from slimeish.data import DataSource, read_prompts
@@ -24,17 +25,35 @@ from slimeish.train.producer import RolloutProducer
 from slimeish.train.setup import RunConfig, TrainSetup, plugin_args
 
 if TYPE_CHECKING:  # torch and megatron load only once a run starts
-    from slimeish.trainer.trainer import Trainer
-    from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
+    from slimeish.common.sample import Sample
+    from slimeish.trainer.weight_sync import WeightSyncConfig
 
 log = logging.getLogger("slimeish.train")
+
+
+class TrainerHandle(Protocol):
+    """What the loop uses of a trainer: a `Trainer` in this process, or `TrainerRanks`."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]: ...
+    def save(self, out_dir: str | Path, data_state: dict[str, Any] | None = None) -> Path: ...
+    def load(self, ckpt_dir: str | Path) -> dict[str, Any]: ...
+
+
+class SyncHandle(Protocol):
+    """What the loop uses of the weight sync: a `WeightSync`, or `RanksSync` (run inside the ranks)."""
+
+    def sync(self, trainer: Any) -> dict[str, float]: ...
+    def serves(self, version: int) -> bool: ...
 
 
 @dataclass
 class Parts:
     start: int  # the first step to run: 0, or the resumed checkpoint's
-    trainer: Trainer
-    sync: WeightSync
+    trainer: TrainerHandle
+    sync: SyncHandle
     buffer: Buffer
     producer: RolloutProducer
     data: DataSource
@@ -49,45 +68,70 @@ class Parts:
 
 @contextlib.asynccontextmanager
 async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncIterator[Parts]:
-    from slimeish.trainer.trainer import Trainer
-    from slimeish.trainer.weight_sync import WeightSync
-
     run = setup.run
     args = plugin_args(setup, stack.router_url, stack.admin_token, router_urls=stack.router_urls)
     rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
     data, eval_data = train_source(setup), eval_source(setup)
+    async with trainer_and_sync(setup, stack, run_id) as (trainer, sync):
+        if (load := run.checkpoint_to_load()) is not None:
+            log.info("resuming from %s", load.resolve())
+        start, saved = await asyncio.to_thread(resume, trainer, data, load)
+        logger = MetricsLogger(run.run_dir, keep_before=start)
+        router_counters = await asyncio.to_thread(RouterCounters, *stack.router_urls)
+        ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
+        with contextlib.closing(logger):
+            # Before any rollout the engines serve the trainer's version: a resumed run's, or a fresh
+            # one's where long-lived engines still serve an earlier run's (whose higher version would
+            # make every token look stale). Engines started from --model-path already do, and a sync
+            # on disk or NCCL would export the whole model for nothing.
+            if not await asyncio.to_thread(sync.serves, trainer.weight_version):
+                await asyncio.to_thread(sync.sync, trainer)
+            path = setup.rollout.dynamic_sampling_filter_path
+            dynamic_filter = DynamicFilter(path, args) if path else None
+            async with Buffer(stack.buffer_url, run_id, setup.buffer, group_filter=dynamic_filter) as buffer:
+                await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
+                if start:  # groups the killed run was still generating are finished, not lost
+                    await buffer.note_resume(trainer.weight_version)
+                    recovered = await buffer.recover_open_groups()
+                    log.info("resume: %d open groups queued to finish their missing members", len(recovered))
+                producer = RolloutProducer(rollout_fn, args, data, buffer)
+                if run.mode == "async":
+                    producer.start(max_groups=async_window(setup))
+                parts = Parts(start, trainer, sync, buffer, producer, data, eval_data, rollout_fn, args, logger,
+                              router_counters, ledger, dynamic_filter)  # fmt: skip
+                try:
+                    yield parts
+                finally:
+                    await producer.stop()
+                    logger.plot_rewards()
+
+
+@contextlib.asynccontextmanager
+async def trainer_and_sync(
+    setup: TrainSetup, stack: RunningStack, run_id: str
+) -> AsyncIterator[tuple[TrainerHandle, SyncHandle]]:
+    """The trainer in this process and its weight sync, or (--trainer-world-size) its rank actors,
+    each with its own weight sync (`slimeish.cluster.ranks`)."""
+    config = sync_config(setup.run, stack)
+    if setup.cluster.trainer_world_size:
+        from slimeish.cluster.ranks import RanksSync, TrainerRanks  # Ray is an optional dependency
+
+        ranks = TrainerRanks(
+            setup.cluster, setup.trainer, setup.loss, config, run_id=run_id, engine_urls=stack.engine_urls,
+            startup_timeout=setup.stack.startup_timeout,
+        )  # fmt: skip
+        await asyncio.to_thread(ranks.__enter__)
+        try:
+            yield ranks, RanksSync(ranks)
+        finally:
+            await asyncio.to_thread(ranks.__exit__, None, None, None)
+        return
+    from slimeish.trainer.trainer import Trainer
+    from slimeish.trainer.weight_sync import WeightSync
+
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
-    if (load := run.checkpoint_to_load()) is not None:
-        log.info("resuming from %s", load.resolve())
-    start, saved = await asyncio.to_thread(resume, trainer, data, load)
-    logger = MetricsLogger(run.run_dir, keep_before=start)
-    router_counters = await asyncio.to_thread(RouterCounters, *stack.router_urls)
-    ledger = TrainedGroups(run.run_dir / "trained_groups.jsonl", keep_before=start)
-    with WeightSync(sync_config(run, stack)) as sync, contextlib.closing(logger):
-        # Before any rollout the engines serve the trainer's version: a resumed run's, or a fresh
-        # one's where long-lived engines still serve an earlier run's (whose higher version would make
-        # every token look stale). Engines started from --model-path already do, and a sync on disk
-        # or NCCL would export the whole model for nothing.
-        if not await asyncio.to_thread(sync.serves, trainer.weight_version):
-            await asyncio.to_thread(sync.sync, trainer)
-        path = setup.rollout.dynamic_sampling_filter_path
-        dynamic_filter = DynamicFilter(path, args) if path else None
-        async with Buffer(stack.buffer_url, run_id, setup.buffer, group_filter=dynamic_filter) as buffer:
-            await buffer.ack(saved.get("unacked_groups", []))  # saved, then killed before the ack
-            if start:  # groups the killed run was still generating are finished, not lost
-                await buffer.note_resume(trainer.weight_version)
-                recovered = await buffer.recover_open_groups()
-                log.info("resume: %d open groups queued to finish their missing members", len(recovered))
-            producer = RolloutProducer(rollout_fn, args, data, buffer)
-            if run.mode == "async":
-                producer.start(max_groups=async_window(setup))
-            parts = Parts(start, trainer, sync, buffer, producer, data, eval_data, rollout_fn, args, logger,
-                          router_counters, ledger, dynamic_filter)  # fmt: skip
-            try:
-                yield parts
-            finally:
-                await producer.stop()
-                logger.plot_rewards()
+    with WeightSync(config) as sync:
+        yield trainer, sync
 
 
 def async_window(setup: TrainSetup) -> int:

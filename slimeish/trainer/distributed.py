@@ -52,6 +52,18 @@ def data_parallel_rank_and_size() -> tuple[int, int]:
     return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
 
 
+def all_reduce_data_parallel(tensors: list[torch.Tensor]) -> None:
+    """Sum `tensors` in place over the data-parallel group (one flat all-reduce; a no-op alone)."""
+    from megatron.core import parallel_state
+
+    if not tensors or parallel_state.get_data_parallel_world_size() == 1:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=parallel_state.get_data_parallel_group())
+    for t, reduced in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+        t.copy_(reduced.view_as(t))
+
+
 def global_rank() -> int:
     """This process's rank, 0 when no process group is initialised (a bare CPU run or a test)."""
     return dist.get_rank() if dist.is_initialized() else 0

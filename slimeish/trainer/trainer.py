@@ -27,7 +27,12 @@ from slimeish.trainer.advantages import (
 from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.convert import hf_to_megatron
-from slimeish.trainer.distributed import data_parallel_rank_and_size, global_rank, init_distributed
+from slimeish.trainer.distributed import (
+    all_reduce_data_parallel,
+    data_parallel_rank_and_size,
+    global_rank,
+    init_distributed,
+)
 from slimeish.trainer.forward import response_log_probs
 from slimeish.trainer.model import build_gpt_model, model_shape
 from slimeish.trainer.optimizer import (
@@ -170,10 +175,7 @@ class Trainer:
         else:
             count = len(local)
         total = torch.tensor(float(count), device=self.device)
-        if torch.distributed.get_world_size() > 1:
-            from megatron.core import parallel_state
-
-            torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        all_reduce_data_parallel([total])
         return max(total.item(), 1.0)
 
     def _micro_batch(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
@@ -235,10 +237,22 @@ class Trainer:
             self._ddp.finish_grad_sync()  # all-reduce over data-parallel ranks
             _, grad_norm, _ = self.optimizer.step()  # Megatron clips to config.clip_grad inside
             return float(grad_norm or 0.0)
+        if data_parallel_rank_and_size()[1] > 1:
+            self._sum_gradients_over_ranks()
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad or float("inf"))
         self.optimizer.step()
         return grad_norm.item()
+
+    def _sum_gradients_over_ranks(self) -> None:
+        """No DDP on CPU: each rank's loss is its share of the global batch's, so the summed
+        gradients are the whole batch's, and every rank takes the same step. A rank whose stripe
+        was empty (fewer samples than ranks) has no gradients yet: it adds zeros."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        all_reduce_data_parallel([p.grad for p in params if p.grad is not None])
 
     # ---- weights and checkpoints -----------------------------------------------------------
 
