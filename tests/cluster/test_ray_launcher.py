@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from slimeish.common.procs import ManagedProcess, free_port
+from slimeish.common.procs import ManagedProcess
+from tests.cluster.conftest import actor_nodes, simulated_cluster
 from tests.train.test_faults import STEPS, check_exactly_once, fault_argv, wait_for
 from tests.train.test_train_e2e import ledger
 
@@ -24,26 +25,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    head = {"num_cpus": 1, "resources": {"trainer": 1}, "include_dashboard": True, "dashboard_port": free_port()}
-    c = Cluster(initialize_head=True, head_node_args=head)
-    c.nodes_by_role = {"head": c.head_node}
-    c.nodes_by_role["engine"] = c.add_node(num_cpus=2, resources={"engine": 2})
-    c.nodes_by_role["router"] = c.add_node(num_cpus=3, resources={"router": 3})  # two routers and the buffer
-    c.wait_for_nodes()
-    ray.init(address=c.address)  # this test's own driver: it reads the state API
-    yield c
-    ray.shutdown()
-    c.shutdown()
-
-
-def actor_nodes(run_id: str) -> dict[str, str]:
-    """The node of each of the run's live actors, by part name, as Ray's state API reports it."""
-    from ray.util.state import list_actors
-
-    alive = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-    return {a.name.removeprefix(f"{run_id}/"): a.node_id for a in alive if (a.name or "").startswith(f"{run_id}/")}
+    head = {"num_cpus": 1, "resources": {"trainer": 1}}
+    engine = {"num_cpus": 2, "resources": {"engine": 2}}
+    router = {"num_cpus": 3, "resources": {"router": 3}}  # two routers and the buffer
+    with simulated_cluster(head, engine=engine, router=router) as c:
+        yield c
 
 
 def test_a_ray_run_places_each_part_by_its_resources_and_survives_a_node_removed_mid_run(

@@ -19,9 +19,9 @@ import pytest
 
 from examples.agent_command.run import AgentRunConfig, commands
 from slimeish.buffer import EmbeddedServer
-from slimeish.common.procs import ManagedProcess, free_port
+from slimeish.common.procs import ManagedProcess
 from slimeish.train.metrics import read_metrics
-from tests.cluster.test_ray_launcher import actor_nodes
+from tests.cluster.conftest import actor_nodes, simulated_cluster
 from tests.train.test_faults import check_exactly_once, ledger, wait_for
 from tests.train.test_router_replicas import sessions_by_owner
 
@@ -34,19 +34,12 @@ STEPS = 3
 
 @pytest.fixture
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    head = {"num_cpus": 1, "resources": {"trainer": 1}, "include_dashboard": True, "dashboard_port": free_port()}
-    c = Cluster(initialize_head=True, head_node_args=head)
-    c.nodes_by_role = {"head": c.head_node}
-    c.nodes_by_role["engine"] = c.add_node(num_cpus=2, resources={"engine": 2})
-    c.nodes_by_role["router"] = c.add_node(num_cpus=3, resources={"router": 3})
-    c.nodes_by_role["agents"] = c.add_node(num_cpus=2, resources={"agents": 4})
-    c.wait_for_nodes()
-    ray.init(address=c.address)  # this test's own driver: it reads the state API
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    head = {"num_cpus": 1, "resources": {"trainer": 1}}
+    engine = {"num_cpus": 2, "resources": {"engine": 2}}
+    router = {"num_cpus": 3, "resources": {"router": 3}}
+    agents = {"num_cpus": 2, "resources": {"agents": 4}}
+    with simulated_cluster(head, engine=engine, router=router, agents=agents) as c:
+        yield c
 
 
 def test_engines_routers_and_agent_workers_each_on_their_nodes_train_with_exact_capture(tiny_model, tmp_path, cluster):

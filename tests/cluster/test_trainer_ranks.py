@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimeish.common.procs import ManagedProcess, free_port
-from tests.cluster.test_ray_launcher import actor_nodes
+from slimeish.common.procs import ManagedProcess
+from tests.cluster.conftest import actor_nodes, simulated_cluster
 from tests.train.test_faults import STEPS, check_exactly_once, fault_argv, wait_for
 from tests.train.test_train_e2e import metrics
 
@@ -18,17 +18,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    # The state API reads the dashboard: on a port of its own (another cluster may hold the default).
-    head = {"num_cpus": 3, "resources": {"parts": 3}, "include_dashboard": True, "dashboard_port": free_port()}
-    c = Cluster(initialize_head=True, head_node_args=head)
-    c.trainer_node = c.add_node(num_cpus=2, resources={"trainer": 2})
-    c.wait_for_nodes()
-    ray.init(address=c.address)  # this test's own driver: it reads the state API
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    head = {"num_cpus": 3, "resources": {"parts": 3}}
+    with simulated_cluster(head, trainer={"num_cpus": 2, "resources": {"trainer": 2}}) as c:
+        yield c
 
 
 def test_two_trainer_ranks_as_actors_train_every_step_once(tiny_model, prompts, tmp_path, cluster):
@@ -44,7 +36,7 @@ def test_two_trainer_ranks_as_actors_train_every_step_once(tiny_model, prompts, 
         wait_for(lambda: ranks <= actor_nodes(run_dir.name).keys(), "both ranks in Ray's state API", proc)
         placed = actor_nodes(run_dir.name)  # while the run's actors are alive
         assert proc.proc.wait(600) == 0, log.read_text()[-3000:]
-    trainer = cluster.trainer_node.node_id
+    trainer = cluster.nodes_by_role["trainer"].node_id
     assert placed["trainer0"] == placed["trainer1"] == trainer, placed
     assert "trainer ranks on nodes" in log.read_text()
     steps = [r for r in metrics(run_dir) if "train/loss" in r]
