@@ -13,6 +13,7 @@ appends to the prompt to enforce `tool_choice` without constrained decoding.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
@@ -83,6 +84,14 @@ class ChatRenderer:
         token_id = self.tokenizer.convert_tokens_to_ids(token)
         assert isinstance(token_id, int)  # one token in, one id out
         return token_id
+
+    def _reply_ids(self, forced: str, output_ids: list[int], stops: Collection[int]) -> list[int]:
+        """A reply's ids as the families' parsers read them: the forced opening's, then the sampled
+        ones, without the stop tokens that ended it."""
+        ids = (self.encode(forced) if forced else []) + output_ids
+        while ids and ids[-1] in stops:
+            ids = ids[:-1]
+        return ids
 
     def _text(self, ids: list[int]) -> str:
         """The text of `ids`, markup included (the families' parsers read it)."""

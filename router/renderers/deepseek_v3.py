@@ -59,9 +59,7 @@ class DeepSeekV3Renderer(ChatRenderer):
     def parse(
         self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
     ) -> ParsedReply:
-        ids = (self.encode(forced) if forced else []) + output_ids
-        if ids and ids[-1] == self.eos_token_id:
-            ids = ids[:-1]
+        ids = self._reply_ids(forced, output_ids, (self.eos_token_id,))
         if not tools or self._calls not in ids:
             return ParsedReply(self._text(ids))
         at = ids.index(self._calls)  # calls count only inside the section, as a stream holds them back

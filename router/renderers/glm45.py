@@ -60,9 +60,7 @@ class GLM45Renderer(BridgedRenderer):
     def parse(
         self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
     ) -> ParsedReply:
-        ids = (self.encode(forced) if forced else []) + output_ids
-        while ids and ids[-1] in self._stops:
-            ids = ids[:-1]
+        ids = self._reply_ids(forced, output_ids, self._stops)
         reasoning, body = None, ids
         if self._think in ids and self._think_end in ids:
             start, end = ids.index(self._think), ids.index(self._think_end)

@@ -53,9 +53,7 @@ class Llama3Renderer(BridgedRenderer):
     def parse(
         self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
     ) -> ParsedReply:
-        ids = (self.encode(forced) if forced else []) + output_ids
-        while ids and ids[-1] in self._stops:
-            ids = ids[:-1]
+        ids = self._reply_ids(forced, output_ids, self._stops)
         reply = self.decode(ids)  # `<|python_tag|>` is a special token: not part of the text
         if not tools or not reply.lstrip().startswith("{"):
             return ParsedReply(reply)

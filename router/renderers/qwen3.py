@@ -56,9 +56,7 @@ class Qwen3Renderer(BridgedRenderer):
     def parse(
         self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
     ) -> ParsedReply:
-        ids = (self.encode(forced) if forced else []) + output_ids
-        while ids and ids[-1] in self._stops:
-            ids = ids[:-1]
+        ids = self._reply_ids(forced, output_ids, self._stops)
         reasoning, body = None, ids
         if ids[:1] == [self._think] and self._think_end in ids:
             end = ids.index(self._think_end)

@@ -45,9 +45,7 @@ class Qwen3CoderRenderer(ChatRenderer):
     def parse(
         self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
     ) -> ParsedReply:
-        ids = (self.encode(forced) if forced else []) + output_ids
-        while ids and ids[-1] in self._eos:
-            ids = ids[:-1]
+        ids = self._reply_ids(forced, output_ids, self._eos)
         if not tools or self._call not in ids:
             return ParsedReply(self._text(ids))
         return tagged_calls(ids, (self._call, self._call_end), self._text, lambda b: _call(b, tools), finish_type, None)
