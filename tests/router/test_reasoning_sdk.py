@@ -1,13 +1,15 @@
-"""Reasoning in Responses (`reasoning` items) and Messages (`thinking` blocks), with the real
-`openai` and `anthropic` SDKs, streamed and not, through the router and a real engine.
+"""Reasoning in Chat Completions (`reasoning_content`, streamed as reasoning deltas), Responses
+(`reasoning` items) and Messages (`thinking` blocks), with the real `openai` and `anthropic` SDKs,
+streamed and not, through the router and a real engine.
 
 The engine serves `reasoning_model`: the tiny Qwen3-family model with weights set so that it
 writes `<think>sum</think>add` after a generation prompt, and `{}}` closing the call after the
 opening that forces `add` (whose reasoning is empty: no item, no block). These tests prove that
-the reasoning the model sampled reaches the agent where each API puts it, with the router's
-reference (`encrypted_content`, `signature`); that an agent returning its history with that
-reasoning, or without it, keeps the episode one segment holding exactly what the engine saw and
-sampled; and that reasoning under a reference the router did not give splits as an edit.
+the reasoning the model sampled reaches the agent where each API puts it (with the router's
+reference, `encrypted_content` and `signature`, where the API has one); that an agent returning
+its history with that reasoning, or without it, keeps the episode one segment holding exactly
+what the engine saw and sampled; and that reasoning under a reference the router did not give
+splits as an edit.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.router.conftest import ADMIN_TOKEN, RouterUnderTest, recording_proxy,
 from tests.router.reasoning_model import CONTENT, REASONING, reasoning_model
 from tests.router.test_anthropic_sdk import engine_calls
 from tests.router.test_openai_sdk import assert_exact_capture
+from tests.router.test_qwen3_sdk import ask, comparable
 from tests.stand_in import serve_app
 
 
@@ -55,6 +58,30 @@ def one_exact_segment(router: RouterUnderTest, model, session: dict, start: int,
     assert len(calls) == turns
     (sample,) = router.store.samples(session["session_id"])  # one segment: no split
     assert_exact_capture(sample, calls, load_renderer(model))
+
+
+# -- Chat Completions -----------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True], ids=["unstreamed", "streamed"])
+@pytest.mark.parametrize("echo", [True, False], ids=["with-reasoning", "without-reasoning"])
+def test_chat_reasoning_content_and_one_exact_segment(router, model, stream, echo):
+    session = router.new_session()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+    start = len(router.engine_log)
+    messages: list[dict] = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "1 + 2?"}]
+    for turn in range(4):
+        forced = {"tool_choice": {"type": "function", "function": {"name": "add"}}} if turn % 2 == 0 else {}
+        reply = ask(client, messages, stream, **forced)  # streamed: assembled from the deltas
+        content, reasoning, calls = comparable(reply)
+        if forced:  # the forced call: parsed, with empty reasoning (no reasoning_content)
+            assert (content or None, reasoning, calls) == (None, None, [("add", {})])
+        else:  # the reasoning the model sampled, out of `content`
+            assert (content, reasoning, calls) == (CONTENT, REASONING, [])
+        if not echo:
+            reply.pop("reasoning_content", None)
+        messages.append(reply)
+        results = [{"role": "tool", "tool_call_id": c["id"], "content": "3"} for c in reply.get("tool_calls") or []]
+        messages += results or [{"role": "user", "content": "go on"}]
+    one_exact_segment(router, model, session, start, 4)
 
 
 # -- Responses ------------------------------------------------------------------------------------
