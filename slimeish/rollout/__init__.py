@@ -24,12 +24,14 @@ import dataclasses
 import importlib
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from slimeish.common.config import help_field
 from slimeish.common.plugins import load_function
 from slimeish.common.sample import Sample
+from slimeish.rollout.base_types import RolloutFnEvalOutput as RolloutFnEvalOutput  # slime's path; also here
+from slimeish.rollout.base_types import RolloutFnTrainOutput as RolloutFnTrainOutput
 from slimeish.rollout.dynamic_filter import DYNAMIC_FILTER_SIGNATURE
 from slimeish.rollout.rewards import POST_PROCESS_SIGNATURE
 
@@ -39,22 +41,6 @@ ROLLOUT_SIGNATURE = (
 )
 GENERATE_SIGNATURE = "async def generate(args, sample: Sample, sampling_params: dict) -> Sample | list[Sample]"
 REWARD_SIGNATURE = "async def reward(args, sample: Sample) -> float  # or a dict, with --reward-key"
-
-
-@dataclass
-class RolloutFnTrainOutput:
-    """What a rollout function returns for training: groups of finished samples, and metrics."""
-
-    samples: list[list[Sample]]
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class RolloutFnEvalOutput:
-    """What a rollout function returns for evaluation: per-dataset `{"rewards": [...], ...}`."""
-
-    data: dict[str, dict[str, list[Any]]]
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
