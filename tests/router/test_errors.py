@@ -205,12 +205,21 @@ def test_unknown_paths_answer_in_the_api_shape(router_app, method, path):
 
 
 @pytest.mark.parametrize(
-    ("method", "path"), [("GET", "/v1/chat/completions"), ("POST", "/v1/models"), ("GET", "/sessions")]
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("GET", "/sessions", "POST"),
+        ("PUT", "/v1/responses", "POST"),
+        ("GET", "/s/sk-x/v1/chat/completions", "POST"),
+    ],
 )
-def test_wrong_methods_answer_in_the_api_shape(router_app, method, path):
+def test_wrong_methods_answer_in_the_api_shape(router_app, method, path, allowed):
     r = httpx.request(method, router_app.url + path, headers=router_app.admin)
     error = assert_openai_error(r, 405, "method_not_allowed")
-    assert path in error["message"] and method in error["message"]
+    endpoint = path.removeprefix("/s/sk-x")  # a session's path is named without its key
+    assert endpoint in error["message"] and "sk-x" not in error["message"] and method in error["message"]
+    assert r.headers["allow"] == allowed and allowed in error["message"]
 
 
 def test_the_openai_sdk_reads_an_unknown_path_error(router_app, session):
