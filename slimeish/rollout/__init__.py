@@ -37,7 +37,7 @@ from slimeish.rollout.rewards import POST_PROCESS_SIGNATURE
 
 ROLLOUT_SIGNATURE = (
     "def generate_rollout(args, rollout_id: int, data_source, evaluation: bool = False)"
-    " -> RolloutFnTrainOutput | list[list[Sample]] | RolloutFnEvalOutput"
+    " -> RolloutFnTrainOutput | list[list[Sample]] | RolloutFnEvalOutput | dict"
 )
 GENERATE_SIGNATURE = "async def generate(args, sample: Sample, sampling_params: dict) -> Sample | list[Sample]"
 REWARD_SIGNATURE = "async def reward(args, sample: Sample) -> float  # or a dict, with --reward-key"

@@ -4,7 +4,8 @@
 
 slime's `call_rollout_fn` is not here: it is how slime's rollout manager calls the rollout
 function, not something a plugin calls, and slimeish's caller is stricter (a bare list of groups
-is taken for training; anything else is an error naming the signature, never wrapped).
+is taken for training and a bare dict of datasets for evaluation; anything else is an error
+naming the signature, never wrapped).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 from slimeish.buffer import Buffer, TakeResult
 from slimeish.data import DataSource
 from slimeish.train.metrics import prefixed
-from slimeish.train.producer import RolloutProducer
+from slimeish.train.producer import RolloutProducer, eval_output
 
 # The trainer's consumer name in the buffer: a restarted trainer gets its unacknowledged groups back.
 CONSUMER = "trainer"
@@ -62,6 +62,6 @@ async def evaluate(
     if eval_data is None:
         return {}
     eval_data.load_state({"epoch": 0, "offset": 0, "next_group_index": 0})
-    out = await asyncio.to_thread(rollout_fn, args, step, eval_data, True)
+    out = eval_output(await asyncio.to_thread(rollout_fn, args, step, eval_data, True))
     rewards = [r for d in out.data.values() for r in d["rewards"]]
     return {"eval/reward_mean": sum(rewards) / max(len(rewards), 1)} | prefixed("eval", out.metrics)

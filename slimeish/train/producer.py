@@ -29,6 +29,7 @@ from slimeish.data import DataSource
 from slimeish.rollout import (
     RECORD_FROM_RETURN,
     ROLLOUT_SIGNATURE,
+    RolloutFnEvalOutput,
     RolloutFnTrainOutput,
     session_metadata,
     training_group_id,
@@ -144,6 +145,19 @@ def train_output(out: object) -> RolloutFnTrainOutput:
     raise TypeError(
         f"the rollout function returned {type(out).__name__}; expected RolloutFnTrainOutput or a list of "
         f"groups (list[list[Sample]]): {ROLLOUT_SIGNATURE}"
+    )
+
+
+def eval_output(out: object) -> RolloutFnEvalOutput:
+    """What a rollout function returned for evaluation: `RolloutFnEvalOutput`, or as slime also
+    allows a bare dict of datasets (`{name: {"rewards": [...], ...}}`)."""
+    if isinstance(out, RolloutFnEvalOutput):
+        return out
+    if isinstance(out, dict) and all(isinstance(d, dict) and isinstance(d.get("rewards"), list) for d in out.values()):
+        return RolloutFnEvalOutput(data=out)
+    raise TypeError(
+        f"the rollout function returned {type(out).__name__} for evaluation; expected RolloutFnEvalOutput or "
+        f'a dict of datasets ({{name: {{"rewards": [...]}}}}): {ROLLOUT_SIGNATURE}'
     )
 
 

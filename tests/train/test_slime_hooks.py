@@ -9,11 +9,11 @@ import pytest
 from slimeish.buffer import BufferConfig
 from slimeish.buffer.rules import Member, judge
 from slimeish.common.sample import Sample
-from slimeish.rollout import GENERATE_SIGNATURE, RolloutFnTrainOutput, generated_samples
+from slimeish.rollout import GENERATE_SIGNATURE, RolloutFnEvalOutput, RolloutFnTrainOutput, generated_samples
 from slimeish.rollout.dynamic_filter import DYNAMIC_FILTER_SIGNATURE, DynamicFilter
 from slimeish.rollout.filter_hub.base_types import DynamicFilterOutput
 from slimeish.rollout_functions.sessions import _member
-from slimeish.train.producer import train_output
+from slimeish.train.producer import eval_output, train_output
 from slimeish.train.setup import check_plugins, parse_args
 
 HUB = "slimeish.rollout.filter_hub.dynamic_sampling_filters"
@@ -79,6 +79,15 @@ def test_a_rollout_function_may_return_a_bare_list_of_groups():
     assert train_output(groups) == RolloutFnTrainOutput(samples=groups)
     with pytest.raises(TypeError, match="expected RolloutFnTrainOutput or a list of groups"):
         train_output({"samples": groups})
+
+
+def test_an_evaluation_may_return_a_bare_dict_of_datasets():
+    data = {"math": {"rewards": [1.0, 0.0]}}
+    assert eval_output(data) == RolloutFnEvalOutput(data=data)
+    assert eval_output(RolloutFnEvalOutput(data=data, metrics={"x": 1.0})).metrics == {"x": 1.0}
+    for wrong in ([group(1.0)], {"math": [1.0]}, {"math": {"scores": [1.0]}}):
+        with pytest.raises(TypeError, match="for evaluation; expected RolloutFnEvalOutput"):
+            eval_output(wrong)
 
 
 def test_a_generate_function_may_return_a_sample_or_a_list_and_nothing_else():
