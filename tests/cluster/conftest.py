@@ -17,7 +17,16 @@ from slimeish.common.procs import free_port
 from tests.demo.conftest import router, stand_in_router
 from tests.train.conftest import prompts
 
-__all__ = ["RayCluster", "actor_nodes", "prompts", "ray_cluster", "router", "simulated_cluster", "stand_in_router"]
+__all__ = [
+    "RayCluster",
+    "actor_nodes",
+    "list_actors",
+    "prompts",
+    "ray_cluster",
+    "router",
+    "simulated_cluster",
+    "stand_in_router",
+]
 
 
 @contextmanager
@@ -41,10 +50,16 @@ def simulated_cluster(head: dict[str, Any], *, dashboard: bool = True, **nodes: 
 
 def actor_nodes(run_id: str) -> dict[str, str]:
     """The node of each of the run's live actors, by part name, as Ray's state API reports it."""
-    from ray.util.state import list_actors
-
     alive = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
     return {a.name.removeprefix(f"{run_id}/"): a.node_id for a in alive if (a.name or "").startswith(f"{run_id}/")}
+
+
+def list_actors(**kwargs: Any) -> list[Any]:
+    """Ray's `list_actors` on the cluster this process is connected to (left to find one itself,
+    it takes the newest on the machine, which may be another test's)."""
+    from ray.util import state
+
+    return state.list_actors(address=ray.get_runtime_context().gcs_address, **kwargs)
 
 
 @dataclass
