@@ -65,6 +65,7 @@ _SCRIPTS = (
     "DROP",
     "REOPEN",
     "RECOVER",
+    "ABORT_SESSION",
 )
 
 
@@ -255,6 +256,22 @@ class Buffer:
         k = self.keys
         keys = [k.session(session_id), k.samples(session_id), k.group(gid.decode()), k.stats, k.ready]
         return bool(await self._run("SET_REWARD", keys, [session_id, reward_json, time.time()]))
+
+    async def abort_session(self, session_id: str) -> bool:
+        """Give an open session's place back: the episode was lost to its infrastructure (a worker
+        or node died), not failed by its agent. The session is closed as aborted and retired (its
+        turns stay stored, never trained on) and its index in the group is free, for a new session
+        to generate the member again. False, changing nothing, if the session is no longer open or
+        no longer holds its place (aborted before, finished, or freed by `recover_open_groups`)."""
+        gid = as_bytes(await self.redis.hget(self.keys.session(session_id), "group_id"))
+        if gid is None:
+            raise UnknownSessionError(f"unknown session {session_id}")
+        k = self.keys
+        keys = [k.session(session_id), k.members(gid.decode()), k.stats]
+        aborted = bool(await self._run("ABORT_SESSION", keys, [session_id, time.time()]))
+        if aborted:
+            self._turns.pop(session_id, None)
+        return aborted
 
     # ---- reads --------------------------------------------------------------------------------
 

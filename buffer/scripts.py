@@ -28,6 +28,18 @@ local function member_done(gid, failed, now)
 end
 """
 
+# An open session gives its place back: it leaves the members hash (the place is free for a new
+# session), and is closed as aborted and retired (stored, never trained on). The caller checks
+# that the session is still pending and still holds the place.
+_ABORT_MEMBER = """
+local function abort_member(members, index, session, stats, now)
+  redis.call('HDEL', members, index)
+  redis.call('HSET', session, 'status', 'aborted', 'finished_at', now, 'retired_at', now)
+  redis.call('HINCRBY', stats, 'sessions_open', -1)
+  redis.call('HINCRBY', stats, 'sessions_finished', 1)
+end
+"""
+
 # KEYS: session, group, members, stats
 # ARGV: session_id, group_id, index, group_size, metadata_json, now, trainable ('1' or '0'), owner
 OPEN_SESSION = """
@@ -241,7 +253,9 @@ return 1
 # would have set it died with them. Idempotent: a second run finds the same indices free.
 # KEYS: group, members, stats, session... (one per member listed in ARGV)
 # ARGV: now, then index/session_id pairs as read from the members hash
-RECOVER = """
+RECOVER = (
+    _ABORT_MEMBER
+    + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
   return {}
 end
@@ -251,10 +265,7 @@ for i = 1, #KEYS - 3 do
   if redis.call('HGET', KEYS[2], index) == sid then
     local status, reward = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'reward'))
     if status == 'pending' then
-      redis.call('HDEL', KEYS[2], index)
-      redis.call('HSET', KEYS[i + 3], 'status', 'aborted', 'finished_at', ARGV[1], 'retired_at', ARGV[1])
-      redis.call('HINCRBY', KEYS[3], 'sessions_open', -1)
-      redis.call('HINCRBY', KEYS[3], 'sessions_finished', 1)
+      abort_member(KEYS[2], index, KEYS[i + 3], KEYS[3], ARGV[1])
     elseif status ~= 'failed' and reward == '' then
       redis.call('HDEL', KEYS[2], index)
       redis.call('HSET', KEYS[i + 3], 'retired_at', ARGV[1])
@@ -269,13 +280,16 @@ for index = 0, tonumber(redis.call('HGET', KEYS[1], 'size')) - 1 do
 end
 return free
 """
+)
 
 # One router's recovery: only the sessions it opened (owner = its id) that are still open are
 # closed as aborted, and their places returned; the other routers' live sessions, and members
 # whose reward the rollout side still sets, are left alone.
 # KEYS: group, members, stats, then one session key per held member (as RECOVER)
 # ARGV: now, owner, then index/session id pairs
-RECOVER_OWNED = """
+RECOVER_OWNED = (
+    _ABORT_MEMBER
+    + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
   return {}
 end
@@ -285,13 +299,28 @@ for i = 1, #KEYS - 3 do
   if redis.call('HGET', KEYS[2], index) == sid then
     local status, owner = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'owner'))
     if status == 'pending' and owner == ARGV[2] then
-      redis.call('HDEL', KEYS[2], index)
-      redis.call('HSET', KEYS[i + 3], 'status', 'aborted', 'finished_at', ARGV[1], 'retired_at', ARGV[1])
-      redis.call('HINCRBY', KEYS[3], 'sessions_open', -1)
-      redis.call('HINCRBY', KEYS[3], 'sessions_finished', 1)
+      abort_member(KEYS[2], index, KEYS[i + 3], KEYS[3], ARGV[1])
       free[#free + 1] = tonumber(index)
     end
   end
 end
 return free
 """
+)
+
+# The rollout side lost an episode to its infrastructure (a worker or node died): the session is
+# closed as aborted and retired, and its place freed, so the episode is generated again in the
+# same group at the same index. 0 (nothing changed) if the session is no longer open or no longer
+# holds its place (already aborted, finished, or freed by a recovery).
+# KEYS: session, members, stats
+# ARGV: session_id, now
+ABORT_SESSION = (
+    _ABORT_MEMBER
+    + """
+local status, index = unpack(redis.call('HMGET', KEYS[1], 'status', 'index'))
+if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
+if status ~= 'pending' or redis.call('HGET', KEYS[2], index) ~= ARGV[1] then return 0 end
+abort_member(KEYS[2], index, KEYS[1], KEYS[3], ARGV[2])
+return 1
+"""
+)
