@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from slimeish.buffer import SessionInfo
+from slimeish.common.sample import Status
 from slimeish.router.capture import NEXT_TURN_PROMPT
 from slimeish.router.engine_pool import refused_by_all
 from slimeish.router.errors import APIError
@@ -37,6 +38,7 @@ async def admin_state(request: Request) -> RouterState:
 
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
@@ -59,10 +61,10 @@ def _session(state: RouterState, session_id: str) -> Session | Closed:
     return session
 
 
-async def _stored(write: Awaitable[object], what: str) -> None:
+async def _stored(write: Awaitable[T], what: str) -> T:
     """Await a store write; failing to reach the store is `StoreUnavailable` (a 503; a refusal stays a 400/409)."""
     try:
-        await write
+        return await write
     except STORE_ERRORS as e:
         log.exception("storing %s failed", what)
         raise StoreUnavailable(what, e) from e
@@ -116,35 +118,76 @@ async def get_session(state: AdminState, session_id: str) -> dict:
     return session.summary if isinstance(session, Closed) else session.summary()
 
 
-@admin.post("/sessions/{session_id}/finish")
-async def finish_session(request: Request, session_id: str) -> dict:
-    """Seal an episode; allowed with the admin token or the session's own key. Without either,
-    401 whatever the id: a 404 for unknown ids would tell which ones exist."""
-    state = get_state(request)
+def _endable(state: RouterState, request: Request, session_id: str) -> Session | Closed:
+    """The session a finish or an abort ends; allowed with the admin token or the session's own
+    key. Without either, 401 whatever the id: a 404 for unknown ids would tell which ones exist."""
     known = state.sessions.by_id.get(session_id) or state.sessions.closed_by_id.get(session_id)
     if known is None or not hmac.compare_digest(bearer_token(request).encode(), known.api_key.encode()):
         require_admin(state, request)
-    session = _session(state, session_id)
-    req: FinishSession = parse(FinishSession, await read_json(request))
+    return _session(state, session_id)
+
+
+async def _end(
+    state: RouterState,
+    session: Session | Closed,
+    outcome: FinishSession,
+    store: Callable[[Session], Awaitable[None]],
+    wait: bool,
+) -> dict:
+    """Seal `session` with `outcome` once `store` (run under its write lock, after any turn still
+    being written) stored its end; with `wait`, first wait for the turns still generating."""
     if isinstance(session, Closed) or session.closed:  # checked and set with no await in between
-        raise _finished(session_id)
+        raise _finished(session.session_id)
     session.finishing = True
     try:
-        if not await session.wait_idle(state.config.finish_timeout):
-            log.warning("finishing %s with %d turn(s) still generating", session_id, session.inflight)
-        async with session.write_lock:  # after any turn still being written
+        if wait and not await session.wait_idle(state.config.finish_timeout):
+            log.warning("finishing %s with %d turn(s) still generating", session.session_id, session.inflight)
+        async with session.write_lock:
             if session.finished is not None:
-                raise _finished(session_id)
-            await state.runner.confirm_locked(session)  # its unconfirmed turns first
-            metadata = {**req.metadata, NEXT_TURN_PROMPT: session.capture.next_turn_prompt}  # on its samples
-            await _stored(state.store.finish_session(session_id, req.reward, req.status, metadata), "the finish")
-            session.seal(req)
+                raise _finished(session.session_id)
+            await store(session)
+            session.seal(outcome)
     finally:
         session.finishing = False  # `finished` is set from here on, unless the store refused
     state.metrics.active_sessions.dec()
     state.pool.release(session.engine)
     state.sessions.close(session)
     return session.summary()
+
+
+@admin.post("/sessions/{session_id}/finish")
+async def finish_session(request: Request, session_id: str) -> dict:
+    """Seal an episode with its outcome (admin token or the session's own key)."""
+    state = get_state(request)
+    session = _endable(state, request, session_id)
+    req: FinishSession = parse(FinishSession, await read_json(request))
+
+    async def store(session: Session) -> None:
+        await state.runner.confirm_locked(session)  # its unconfirmed turns first
+        metadata = {**req.metadata, NEXT_TURN_PROMPT: session.capture.next_turn_prompt}  # on its samples
+        await _stored(state.store.finish_session(session_id, req.reward, req.status, metadata), "the finish")
+
+    return await _end(state, session, req, store, wait=True)
+
+
+@admin.post("/sessions/{session_id}/abort")
+async def abort_session(request: Request, session_id: str) -> dict:
+    """The episode was lost to its infrastructure (the worker running its agent died), not failed
+    by its agent: seal the session as aborted and give its group place back in the buffer, for
+    the rollout side to generate the member again at the same index. Turns still generating are
+    not waited for: nobody reads their answers, and their records are refused (409). The summary's
+    `place_freed` is False when this call freed nothing in the buffer (an earlier attempt whose
+    answer was lost, or a recovery, already had)."""
+    state = get_state(request)
+    session = _endable(state, request, session_id)
+    freed = False
+
+    async def store(session: Session) -> None:
+        nonlocal freed
+        freed = await _stored(state.store.abort_session(session_id), "the abort")
+
+    summary = await _end(state, session, FinishSession(status=Status.ABORTED), store, wait=False)
+    return {**summary, "place_freed": freed}
 
 
 class EngineURL(BaseModel):

@@ -38,6 +38,7 @@ class TurnStore(Protocol):
     async def finish_session(
         self, session_id: str, reward: float | None, status: Status, metadata: dict[str, Any]
     ) -> None: ...
+    async def abort_session(self, session_id: str) -> bool: ...
     async def close(self) -> None: ...
 
 
@@ -74,6 +75,9 @@ class BufferStore:
     async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
         await asyncio.wait_for(self.buffer.finish_session(session_id, reward, status, metadata), self.timeout)
 
+    async def abort_session(self, session_id: str) -> bool:
+        return await asyncio.wait_for(self.buffer.abort_session(session_id), self.timeout)
+
     async def close(self) -> None:
         await self.buffer.aclose()
 
@@ -106,6 +110,13 @@ class MemoryStore:
             old, _ = self.finished.popitem(last=False)
             self.sessions.pop(old, None)
             self.turns.pop(old, None)
+
+    async def abort_session(self, session_id: str) -> bool:
+        """Closed as aborted, as the buffer does (no group places are kept here to free)."""
+        if session_id not in self.sessions or session_id in self.finished:
+            return False
+        await self.finish_session(session_id, None, Status.ABORTED, {})
+        return True
 
     async def close(self) -> None:
         pass
