@@ -8,9 +8,11 @@ runs without it (`pip install 'slimeish[ray]'`).
 
 Semantics are the local ones: `--rollout-concurrency` bounds the tasks in flight (the driver
 holds an episode slot while its task runs), `--rollout-timeout` cancels the task, and a crashed
-agent or a worker or node that dies fails the episode. Tasks are never retried (`max_retries=0`):
-the session already captured the first attempt's turns, and a second attempt would add its turns
-to the same session.
+agent fails the episode. A worker or node that dies under the task is not the agent's failure:
+it is raised as `EpisodeLost`, and `run_groups` aborts the session (freeing its group place) and
+runs the episode again in a new session, on whichever node Ray picks. Ray never retries a task
+itself (`max_retries=0`): the session already captured the first attempt's turns, and a second
+attempt would add its turns to the same session.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from slimeish.common.config import help_field
+from slimeish.rollout_functions.sessions import EpisodeLost
 
 T = TypeVar("T")
 
@@ -106,7 +109,7 @@ class RayWorkers:
 
     async def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> tuple[T, str]:
         """`await fn(*args)` in a Ray task: its result and the id of the node it ran on. The
-        task's exception is raised as itself; a worker or node that died raises Ray's error."""
+        task's exception is raised as itself; a worker or node that died under it, as `EpisodeLost`."""
         import ray
 
         ref = self._task.remote(fn, *args)
@@ -117,6 +120,16 @@ class RayWorkers:
             raise
         except ray.exceptions.RayTaskError as e:
             raise e.cause from None
+        except _lost_errors() as e:
+            raise EpisodeLost(f"{type(e).__name__}: {e}") from e
+
+
+def _lost_errors() -> tuple[type[Exception], ...]:
+    """Ray's errors for a task whose worker, node or actor died: its infrastructure, not its agent."""
+    import ray
+
+    errors = ray.exceptions
+    return (errors.NodeDiedError, errors.WorkerCrashedError, errors.ActorDiedError)
 
 
 async def _result(ref: Any) -> Any:

@@ -55,6 +55,19 @@ class Session:
         return self.base_url.removesuffix("/v1") + "/generate"
 
 
+class EpisodeLost(RuntimeError):
+    """The worker running the episode's agent was lost to its infrastructure (a Ray worker or node
+    died): not the agent's fault, and nothing to learn from. `run_groups` aborts its session (its
+    group place is freed) and generates the member again in a new one."""
+
+
+# Times one group member is run before an episode lost every time is failed as any other error:
+# a node dying takes an episode once; an agent that kills its own worker each time is not retried forever.
+EPISODE_ATTEMPTS = 3
+# The sample metadata key under which `run_groups` counts a member's regenerations (`rollout_output` sums them).
+REGENERATED = "episodes_regenerated"
+
+
 class RouterUnavailable(RuntimeError):
     """The router answered 503 (its store or every engine is down for now): retry."""
 
@@ -150,6 +163,20 @@ class RouterSessions:
             return None
         return r.raise_for_status().json()
 
+    async def abort(self, session: Session) -> bool:
+        """Give up a session whose episode was lost to its infrastructure: the router seals it as
+        aborted and the buffer frees its group place, for the member to be opened again. False if
+        the router no longer knows it: a restarted router closed it as aborted, and its place is
+        generated again from the recovery's queue (as for `finish`)."""
+        r = await self._send("POST", f"{session.router_url}/sessions/{session.session_id}/abort")
+        self.open_on[session.router_url] -= 1
+        if r.status_code == 404:
+            log.warning("session %s was lost with a router restart; its place is generated again", session.session_id)
+            return False
+        if r.status_code != 409:  # 409: sealed already, by an earlier attempt whose answer was lost
+            r.raise_for_status()
+        return True
+
 
 # An episode returns its group member: one sample, or several (slime's list-returning generate),
 # which become the segments of the member's session and share its one reward.
@@ -243,11 +270,14 @@ async def run_groups(
     across all rollout calls in the process.
 
     An episode that raises, times out, or ends without a finite reward is finished as failed
-    (the buffer's group policy decides about its group). A training session that captured nothing
-    while its sample carries tokens of its own (a slime plugin that called the router's root
-    /generate) is left open, marked `RECORD_FROM_RETURN`: `slimeish train` records the returned
-    tokens into it and finishes it (`slimeish.train.producer.record_returned`). Errors talking to the router are not
-    the episode's fault: they are raised once every episode has ended."""
+    (the buffer's group policy decides about its group). One that raises `EpisodeLost` (its
+    worker died) is not the agent's failure: its session is aborted, freeing its group place, and
+    the member is generated again in a new session, up to `EPISODE_ATTEMPTS` runs in all. A
+    training session that captured nothing while its sample carries tokens of its own (a slime
+    plugin that called the router's root /generate) is left open, marked `RECORD_FROM_RETURN`:
+    `slimeish train` records the returned tokens into it and finishes it
+    (`slimeish.train.producer.record_returned`). Errors talking to the router are not the
+    episode's fault: they are raised once every episode has ended."""
     limit = episode_slots(args.rollout_concurrency)
     limits = httpx.Limits(max_connections=args.rollout_concurrency)  # one connection per running episode
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30), limits=limits) as client:
@@ -262,30 +292,48 @@ async def run_groups(
         hook_path = getattr(args, "custom_reward_post_process_path", None)
         post_process = load_post_process(hook_path) if hook_path else None
 
+        async def open_place(sample: Sample, group_id: str, size: int, meta: dict) -> Session | None:
+            """The member's session, or None (the sample failed) when its place is taken."""
+            try:
+                session = await sessions.open(
+                    group_id, cast(int, sample.index), size, meta, trainable=not evaluation, sampling_defaults=sampling
+                )
+            except httpx.HTTPStatusError as e:
+                if e.response.status_code != 409:
+                    raise
+                # The place is held: a regeneration queued by a restarted router took it first.
+                _fail(sample, f"group {group_id} place {sample.index} is taken: {e.response.text[:200]}")
+                return None
+            sample.session_id = session.session_id
+            return session
+
         async def one(sample: Sample, group_size: int) -> tuple[Session | None, list[Sample]]:
             async with limit:
                 meta = session_metadata(sample, evaluation)
                 group_id = group_id_for(sample, evaluation, rollout_id)
                 if sample.index is None:
                     raise ValueError("a rollout sample needs the index its data source gave it (get_samples sets it)")
-                try:
-                    session = await sessions.open(
-                        group_id, sample.index, group_size, meta, trainable=not evaluation, sampling_defaults=sampling
-                    )
-                except httpx.HTTPStatusError as e:
-                    if e.response.status_code != 409:
-                        raise
-                    # The place is held: a regeneration queued by a restarted router took it first.
-                    _fail(sample, f"group {group_id} place {sample.index} is taken: {e.response.text[:200]}")
-                    return None, [sample]
-                sample.session_id = session.session_id
-                try:
-                    out = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
-                    member = _member(out if isinstance(out, list) else [out], session.session_id)
-                except Exception as exc:  # the agent's failure is data: the group policy decides
-                    _fail(sample, f"{type(exc).__name__}: {exc}")
-                    member = [sample]
-                return session, member
+                for attempt in range(1, EPISODE_ATTEMPTS + 1):
+                    if (session := await open_place(sample, group_id, group_size, meta)) is None:
+                        return None, [sample]
+                    try:
+                        out = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
+                        return session, _member(out if isinstance(out, list) else [out], session.session_id)
+                    except EpisodeLost as exc:
+                        error = f"{type(exc).__name__}: {exc}"
+                        if attempt == EPISODE_ATTEMPTS:  # lost every time: failed as any error is
+                            _fail(sample, f"{error} (lost {attempt} times)")
+                            return session, [sample]
+                        if not await sessions.abort(session):  # a restarted router's recovery regenerates it
+                            _fail(sample, f"{error}; its session was closed by a router restart")
+                            return None, [sample]
+                        log.warning("group %s place %d: episode lost (%s); generating it again (attempt %d of %d)",
+                                    group_id, sample.index, error, attempt + 1, EPISODE_ATTEMPTS)  # fmt: skip
+                        sample.metadata[REGENERATED] = attempt
+                    except Exception as exc:  # the agent's failure is data: the group policy decides
+                        _fail(sample, f"{type(exc).__name__}: {exc}")
+                        return session, [sample]
+                raise AssertionError("the last attempt returns")
 
         async def finish(session: Session | None, member: list[Sample]) -> None:
             if session is None:  # it never had one
@@ -383,6 +431,8 @@ def rollout_output(groups: list[list[Sample]], evaluation: bool) -> RolloutFnTra
         "failed": float(sum(s.status == Status.FAILED for s in samples)),
         "truncated": float(sum(s.status == Status.TRUNCATED for s in samples)),
         "episodes": float(len(samples)),
+        # members generated again after their worker was lost (EpisodeLost): infrastructure, not the agent
+        "regenerated": float(sum(s.metadata.get(REGENERATED, 0) for s in samples)),
     }
     if evaluation:
         truncated = [s.status == Status.TRUNCATED for s in samples]

@@ -2,7 +2,8 @@
 
 The driver opens and finishes sessions on the stand-in router (tests/demo/conftest.py) as it
 does locally; the agent command (or the openai agent) runs in a Ray task on the node holding
-the `agents` resource. A timeout, a crash and a node that dies fail the episode as locally.
+the `agents` resource. A timeout and a crash fail the episode as locally; a node that dies under
+it loses the episode, which is generated again in a new session on a node that is alive.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from slimeish.common.sample import Sample
 from slimeish.rollout_functions.agent_command import generate_rollout as command_rollout
 from slimeish.rollout_functions.openai_agent import generate_rollout as agent_rollout
+from slimeish.rollout_functions.sessions import REGENERATED
 from tests.demo.test_openai_agent import calculator, make_args
 
 pytestmark = pytest.mark.slow
@@ -83,27 +84,38 @@ def test_timeout_cancels_the_task_and_kills_the_command_tree(router, ray_cluster
     assert _dies(int(pid_file.read_text())), "the command's child outlived the cancelled task"
 
 
-def test_a_node_that_dies_fails_its_episode(router, ray_cluster, tmp_path):
-    doomed = ray_cluster.cluster.add_node(num_cpus=1, resources={"doomed": 1})
-    ray_cluster.cluster.wait_for_nodes()
-    pid_file = tmp_path / "pid"
-    threading.Thread(target=_remove_when_started, args=(ray_cluster.cluster, doomed, pid_file), daemon=True).start()
-    start = time.monotonic()
-    (sample,) = run_command_episodes(
-        router, f"echo $$ > {pid_file}; exec sleep 60", rollout_timeout=50.0, agent_resources={"doomed": 1}
+def test_an_episode_whose_node_dies_is_generated_again_on_another_node(router, ray_cluster, tmp_path):
+    cluster = ray_cluster.cluster
+    doomed = cluster.add_node(num_cpus=1, resources={"doomed": 1})
+    cluster.wait_for_nodes()
+    pid_file, done = tmp_path / "pid", []
+    # The first run notes its pid and waits, to die with its node; the run again answers.
+    command = f"if [ -e {pid_file} ]; then echo '{{\"reward\": 1}}'; else echo $$ > {pid_file}; exec sleep 60; fi"
+    rollout = threading.Thread(
+        target=lambda: done.extend(
+            run_command_episodes(router, command, rollout_timeout=50.0, agent_resources={"doomed": 1})
+        )
     )
-    # Ray says which: the node's death, or its worker's when that is seen first.
-    assert sample.status == Sample.Status.FAILED
-    assert sample.metadata["error"].startswith(("NodeDiedError", "WorkerCrashedError")), sample.metadata["error"]
-    assert time.monotonic() - start < 50  # failed by the death, not by the timeout
-    ((_, session),) = router.sessions.items()
-    assert session["finish"]["status"] == "failed"
-
-
-def _remove_when_started(cluster, node, pid_file: Path) -> None:
+    start = time.monotonic()
+    rollout.start()
     while not pid_file.exists():
         time.sleep(0.1)
-    cluster.remove_node(node)
+    cluster.remove_node(doomed)  # a node is added only from the main thread (Ray sets signal handlers)
+    replacement = cluster.add_node(num_cpus=1, resources={"doomed": 1})
+    try:
+        rollout.join(timeout=60)
+    finally:
+        cluster.remove_node(replacement)
+    (sample,) = done
+    # Ray's node-death error (or its worker's, when that is seen first) is EpisodeLost: not the
+    # agent's failure, so its session is aborted and the episode runs again in a new one.
+    assert sample.status == Sample.Status.COMPLETED and sample.reward == 1.0, sample.metadata.get("error")
+    assert sample.metadata[REGENERATED] == 1
+    assert sample.metadata["agent_node_id"] == replacement.node_id != doomed.node_id
+    assert time.monotonic() - start < 50  # lost by the death, not by the timeout
+    lost, again = router.sessions.values()
+    assert lost["finish"]["status"] == "aborted" and again["finish"]["status"] == "completed"
+    assert lost["create"]["index"] == again["create"]["index"] == 0  # the same place of the same group
 
 
 def _dies(pid: int, within_s: float = 10.0) -> bool:

@@ -61,6 +61,12 @@ def build_app(state: StandInRouter) -> FastAPI:
         state.sessions[session_id]["finish"] = await request.json()
         return {"session_id": session_id, "samples": 1}
 
+    @app.post("/sessions/{session_id}/abort")
+    async def abort(session_id: str, request: Request) -> dict[str, Any]:
+        check_admin(request)  # an episode lost to its infrastructure: recorded as an aborted finish
+        state.sessions[session_id]["finish"] = {"reward": None, "status": "aborted", "metadata": {}}
+        return {"session_id": session_id, "place_freed": True}
+
     @app.post("/s/{key}/v1/chat/completions")
     async def chat(key: str, request: Request) -> dict[str, Any]:
         if key not in keys:
