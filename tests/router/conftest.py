@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.router.config import RouterConfig
@@ -67,6 +68,30 @@ def recording_proxy(target: str, log: list[tuple[dict, dict | list]]):
                 return Response(r.content, r.status_code, media_type="text/event-stream")
             log.append((orjson.loads(body), r.json()))
         return Response(r.content, r.status_code, media_type="application/json")
+
+    return app
+
+
+def stream_tampering_proxy(target: str, after_first: Callable[[list[bytes]], AsyncIterator[bytes]]) -> FastAPI:
+    """Forwards everything to the engine at `target`, except that a streamed answer goes on after
+    its first event with what `after_first(rest)` yields, `rest` being the engine's other events:
+    an engine that pauses mid-stream, or dies there."""
+    app = FastAPI()
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request) -> Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            r = await client.request(request.method, f"{target}/{path}", content=await request.body())
+        if not r.headers.get("content-type", "").startswith("text/event-stream"):
+            return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
+        first, *rest = [e + b"\n\n" for e in r.content.split(b"\n\n") if e.strip()]
+
+        async def tampered() -> AsyncIterator[bytes]:
+            yield first
+            async for event in after_first(rest):
+                yield event
+
+        return StreamingResponse(tampered(), media_type="text/event-stream")
 
     return app
 

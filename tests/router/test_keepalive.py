@@ -9,41 +9,25 @@ shorter than that hold: it completes with keep-alive events and times out withou
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import anthropic
 import httpx
 import httpx2
 import openai
 import pytest
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
 
+from tests.router.conftest import stream_tampering_proxy
 from tests.stand_in import serve_app
 
 HOLD, WATCHDOG, KEEPALIVE = 1.5, 0.6, 0.2  # seconds
 
 
-def slow_engine(target: str) -> FastAPI:
-    """Forwards to `target`; a streamed /generate pauses HOLD seconds after its first chunk."""
-    app = FastAPI()
-
-    @app.api_route("/{path:path}", methods=["GET", "POST"])
-    async def forward(path: str, request: Request) -> Response:
-        async with httpx.AsyncClient(timeout=60) as client:
-            r = await client.request(request.method, f"{target}/{path}", content=await request.body())
-        if not r.headers.get("content-type", "").startswith("text/event-stream"):
-            return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
-        events = [e + b"\n\n" for e in r.content.split(b"\n\n") if e.strip()]
-
-        async def held():
-            yield events[0]
-            await asyncio.sleep(HOLD)
-            for e in events[1:]:
-                yield e
-
-        return StreamingResponse(held(), media_type="text/event-stream")
-
-    return app
+async def held(rest: list[bytes]) -> AsyncIterator[bytes]:
+    """A streamed /generate pauses HOLD seconds after its first chunk."""
+    await asyncio.sleep(HOLD)
+    for event in rest:
+        yield event
 
 
 def chat(session: dict) -> str:
@@ -73,7 +57,7 @@ TIMEOUTS = (httpx.TimeoutException, httpx2.TimeoutException, openai.APITimeoutEr
 
 @pytest.fixture(scope="module")
 def slow_engine_url(engine_url):
-    with serve_app(slow_engine(engine_url), startup_timeout=30) as url:
+    with serve_app(stream_tampering_proxy(engine_url, held), startup_timeout=30) as url:
         yield url
 
 

@@ -12,16 +12,15 @@ first chunk (the connection dropped, as when an engine dies), and forwards anyth
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anthropic
 import httpx
 import openai
 import pytest
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
 from openai.types.responses import ResponseFailedEvent
 
+from tests.router.conftest import stream_tampering_proxy
 from tests.stand_in import serve_app
 
 
@@ -29,29 +28,14 @@ class EngineDied(RuntimeError):
     """Raised in the stand-in's stream body: the server drops the connection mid-body."""
 
 
-def dying_engine(target: str) -> FastAPI:
-    app = FastAPI()
-
-    @app.api_route("/{path:path}", methods=["GET", "POST"])
-    async def forward(path: str, request: Request) -> Response:
-        async with httpx.AsyncClient(timeout=60) as client:
-            r = await client.request(request.method, f"{target}/{path}", content=await request.body())
-        if not r.headers.get("content-type", "").startswith("text/event-stream"):
-            return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
-        first = r.content.split(b"\n\n")[0] + b"\n\n"
-
-        async def dies():
-            yield first
-            raise EngineDied("the engine died mid-stream")
-
-        return StreamingResponse(dies(), media_type="text/event-stream")
-
-    return app
+async def dies(rest: list[bytes]) -> AsyncIterator[bytes]:
+    raise EngineDied("the engine died mid-stream")
+    yield b""  # an async generator that ends the stream with the error
 
 
 @pytest.fixture(scope="module")
 def dying_engine_url(engine_url):
-    with serve_app(dying_engine(engine_url), startup_timeout=30) as url:
+    with serve_app(stream_tampering_proxy(engine_url, dies), startup_timeout=30) as url:
         yield url
 
 
