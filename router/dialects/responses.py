@@ -9,15 +9,15 @@ it (`slimeish.router.reasoning`); a `reasoning` item sent back starts the assist
 items after it complete, its text that message's reasoning (checked by capture: the sampled one, or
 none, continues the segment). With `store` (the default) the session keeps each response's
 conversation and body, so a client that sends only new items and `previous_response_id` continues
-the same one, and `GET /v1/responses/{id}` returns it.
+the same one, and `GET /v1/responses/{id}` returns it. The answer's output items and stream
+events are built in `responses_output`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from functools import partial
-from itertools import count
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -28,13 +28,13 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 from slimeish.router import history as H
 from slimeish.router import responses as R
 from slimeish.router.dialects.incremental import convert
+from slimeish.router.dialects.responses_output import Events, finished, response_events
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.pipeline import (
     Conversation,
     InFlight,
     PlannedTurn,
     StreamShape,
-    assistant_message,
     engine_chunks,
     generate_replies,
     parse,
@@ -46,8 +46,7 @@ from slimeish.router.pipeline import (
 from slimeish.router.schemas import NamedToolChoice, SamplingFields, function_tools
 from slimeish.router.sessions import Session, StoredResponse
 from slimeish.router.state import RouterState
-from slimeish.router.streaming import ReplyStream, StreamedTurn
-from slimeish.router.turns import Generation
+from slimeish.router.streaming import StreamedTurn
 
 
 class _Item(BaseModel):
@@ -344,76 +343,6 @@ def response_shell(req: ResponsesRequest, model: str) -> dict:
     }
 
 
-def finished(gen: Generation, reply: dict, prompt_tokens: int, sign: Callable[[str], str]) -> dict:
-    """What the response object gains when its turn is done: output, status, usage."""
-    cut = gen.finish_type == "length"
-    return {
-        "status": "incomplete" if cut else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "output": output_items(reply, sign),
-        "usage": {
-            "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": len(gen.output_ids),
-            "output_tokens_details": {"reasoning_tokens": 0},  # the reasoning's token count is not separated
-            "total_tokens": prompt_tokens + len(gen.output_ids),
-        },
-    }
-
-
-def output_items(reply: dict, sign: Callable[[str], str]) -> list[dict]:
-    # A reply without calls is always a message item (even empty), so the agent sends the turn back.
-    calls = reply.get("tool_calls") or []
-    reasoning = reply.get("reasoning_content")
-    items = [_reasoning_item(reasoning, sign(reasoning), "completed")] if reasoning else []
-    items += [_message_item(reply.get("content") or "", "completed")] if reply.get("content") or not calls else []
-    return items + [_call_item(c, "completed") for c in calls]
-
-
-def _reasoning_item(text: str | None, reference: str | None, status: str, item_id: str | None = None) -> dict:
-    """Reasoning as open-weight servers give it: the raw text as `reasoning_text` content, no summary."""
-    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-    item_id = item_id or "rs_" + R.new_id("x")[2:]
-    return {
-        "type": "reasoning",
-        "id": item_id,
-        "summary": [],
-        "content": content,
-        "encrypted_content": reference,
-        "status": status,
-    }
-
-
-def _message_item(text: str | None, status: str, item_id: str | None = None) -> dict:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    item_id = item_id or "msg_" + R.new_id("x")[2:]
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
-
-
-def _call_item(call: dict, status: str) -> dict:
-    f = call["function"]
-    item_id = "fc_" + call["id"].removeprefix("call_")
-    return {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call["id"],
-        "name": f["name"],
-        "arguments": f["arguments"],
-        "status": status,
-    }
-
-
-class Events:
-    """Responses stream events, numbered in order."""
-
-    def __init__(self) -> None:
-        self.numbers = count()
-
-    def __call__(self, kind: str, **data: Any) -> bytes:
-        body = {"type": kind, "sequence_number": next(self.numbers), **data}
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
-
-
 async def _stream(
     state: RouterState,
     turn: InFlight,
@@ -441,104 +370,3 @@ async def _stream(
 
     keepalive: Callable[[], bytes] = lambda: ev("response.in_progress", response=shell)  # noqa: E731
     return stream_response(state, turn, planned.plan, events, result, started, StreamShape(failed, keepalive))
-
-
-async def response_events(
-    state: RouterState,
-    chunks: AsyncIterator[tuple[dict, str]],
-    planned: PlannedTurn,
-    shell: dict,
-    result: StreamedTurn,
-    ev: Events,
-    sign: Callable[[str], str],
-) -> AsyncIterator[bytes]:
-    """`response.created`, `.in_progress`, the reasoning item (once its end is sampled) and the
-    message item's text deltas while the engine streams; the text's and calls' closing events and
-    `response.completed` go to `result.closing`."""
-    yield ev("response.created", response=shell)
-    yield ev("response.in_progress", response=shell)
-    stops, markers = planned.params.get("stop", []), state.renderer.reasoning_markers
-    replies = ReplyStream(1, planned.parse_tools, stops, planned.forced, markers, state.renderer.call_marker)
-    item_id, sent = "", ""
-    output: list[dict] = []
-    async for d in replies.deltas(chunks):
-        if d.reasoning:
-            output.append(_reasoning_item(d.reasoning, sign(d.reasoning), "completed"))
-            for event in _reasoning_events(ev, 0, output[0]):
-                yield event
-        if d.text and not item_id:
-            item_id = "msg_" + R.new_id("x")[2:]
-            for event in _text_opening(ev, len(output), item_id):
-                yield event
-        if d.text:
-            sent += d.text
-            yield _text_delta(ev, len(output), item_id, d.text)
-    (done,) = replies.finish(lambda g: assistant_message(state, g, planned.parse_tools, planned.forced))
-    closing = []
-    if not item_id and (done.last or not done.message.get("tool_calls")):  # as output_items: a message
-        item_id = "msg_" + R.new_id("x")[2:]
-        closing += _text_opening(ev, len(output), item_id)
-    if done.last:
-        closing.append(_text_delta(ev, len(output), item_id, done.last))
-    if item_id:
-        output.append(_message_item(sent + done.last, "completed", item_id))
-        closing += _text_closing(ev, len(output) - 1, output[-1])
-    for call in done.message.get("tool_calls") or []:
-        closing += _call_events(ev, len(output), _call_item(call, "completed"))
-        output.append(_call_item(call, "completed"))
-    final = {**shell, **finished(done.generation, done.message, len(planned.plan.input_ids), sign), "output": output}
-    kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-    closing.append(ev(kind, response=final))
-    result.closing += closing
-    result.generations.append(done.generation)
-    result.answers.append(done.message)
-    result.body = final
-
-
-def _reasoning_events(ev: Events, index: int, item: dict) -> list[bytes]:
-    """A reasoning item whole: its text is sent in one delta, as it is known only once it closed."""
-    text, at = item["content"][0]["text"], {"item_id": item["id"], "output_index": index, "content_index": 0}
-    return [
-        ev(
-            "response.output_item.added",
-            output_index=index,
-            item=_reasoning_item(None, None, "in_progress", item["id"]),
-        ),
-        ev("response.content_part.added", **at, part={"type": "reasoning_text", "text": ""}),
-        ev("response.reasoning_text.delta", **at, delta=text),
-        ev("response.reasoning_text.done", **at, text=text),
-        ev("response.content_part.done", **at, part=item["content"][0]),
-        ev("response.output_item.done", output_index=index, item=item),
-    ]
-
-
-def _text_opening(ev: Events, index: int, item_id: str) -> list[bytes]:
-    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-    return [
-        ev("response.output_item.added", output_index=index, item=_message_item(None, "in_progress", item_id)),
-        ev("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part),
-    ]
-
-
-def _text_delta(ev: Events, index: int, item_id: str, text: str) -> bytes:
-    at = {"item_id": item_id, "output_index": index, "content_index": 0}
-    return ev("response.output_text.delta", **at, delta=text, logprobs=[])
-
-
-def _text_closing(ev: Events, index: int, item: dict) -> list[bytes]:
-    part, at = item["content"][0], {"item_id": item["id"], "output_index": index}
-    return [
-        ev("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]),
-        ev("response.content_part.done", **at, content_index=0, part=part),
-        ev("response.output_item.done", output_index=index, item=item),
-    ]
-
-
-def _call_events(ev: Events, index: int, item: dict) -> list[bytes]:
-    at = {"item_id": item["id"], "output_index": index}
-    return [
-        ev("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}),
-        ev("response.function_call_arguments.delta", **at, delta=item["arguments"]),
-        ev("response.function_call_arguments.done", **at, arguments=item["arguments"]),
-        ev("response.output_item.done", output_index=index, item=item),
-    ]
