@@ -150,32 +150,33 @@ class RouterSessions:
         r = await self._send("GET", f"{session.router_url}/sessions/{session.session_id}")
         return int(r.raise_for_status().json()["turns"])
 
-    async def finish(
-        self, session: Session, reward: float | None, status: Status, metadata: dict[str, Any] | None = None
-    ) -> dict[str, Any] | None:
-        """The finished session's summary; None if the router no longer knows it: a restarted
-        router closed it as aborted and its group place is generated again (`--recover-open-sessions`)."""
-        body = {"reward": reward, "status": status.value, "metadata": metadata or {}}
-        r = await self._send("POST", f"{session.router_url}/sessions/{session.session_id}/finish", json=body)
+    async def _end(self, session: Session, action: str, **body: Any) -> httpx.Response | None:
+        """POST the session's `finish` or `abort`: the router's answer, or None if the router no
+        longer knows the session (a restarted router closed it as aborted and queued its group
+        place for regeneration, `--recover-open-sessions`)."""
+        r = await self._send("POST", f"{session.router_url}/sessions/{session.session_id}/{action}", **body)
         self.open_on[session.router_url] -= 1
         if r.status_code == 404:
             log.warning("session %s was lost with a router restart; its place is generated again", session.session_id)
             return None
-        return r.raise_for_status().json()
+        return r
+
+    async def finish(
+        self, session: Session, reward: float | None, status: Status, metadata: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """The finished session's summary; None if a restarted router lost it (see `_end`)."""
+        body = {"reward": reward, "status": status.value, "metadata": metadata or {}}
+        r = await self._end(session, "finish", json=body)
+        return None if r is None else r.raise_for_status().json()
 
     async def abort(self, session: Session) -> bool:
         """Give up a session whose episode was lost to its infrastructure: the router seals it as
         aborted and the buffer frees its group place, for the member to be opened again. False if
-        the router no longer knows it: a restarted router closed it as aborted, and its place is
-        generated again from the recovery's queue (as for `finish`)."""
-        r = await self._send("POST", f"{session.router_url}/sessions/{session.session_id}/abort")
-        self.open_on[session.router_url] -= 1
-        if r.status_code == 404:
-            log.warning("session %s was lost with a router restart; its place is generated again", session.session_id)
-            return False
-        if r.status_code != 409:  # 409: sealed already, by an earlier attempt whose answer was lost
+        a restarted router lost it (see `_end`): its place comes back from the recovery's queue."""
+        r = await self._end(session, "abort")
+        if r is not None and r.status_code != 409:  # 409: sealed already, by an earlier attempt whose answer was lost
             r.raise_for_status()
-        return True
+        return r is not None
 
 
 # An episode returns its group member: one sample, or several (slime's list-returning generate),
