@@ -5,8 +5,8 @@ run as one Lua script (atomic in Redis), and concurrent calls share pipelines; t
 travel as packed bytes once, with their turn (finishing a session sends only sample headers),
 never per token. Trainable groups are entries of a Redis stream
 read through a consumer group, which gives exactly-once training: an entry handed out and not
-acknowledged stays pending and is handed out again (see `take_groups`); an acknowledged one is
-deleted.
+acknowledged stays pending and is handed out again (see `take_groups`, in `consume`, which
+`Buffer` inherits); an acknowledged one is deleted.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any, cast
 
 import orjson
@@ -27,23 +27,20 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from slimeish.buffer import scripts
 from slimeish.buffer.batching import ScriptBatcher
-from slimeish.buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
+from slimeish.buffer.codec import decode_member, decode_turn, decode_turns, encode_sample_header, encode_turn
 from slimeish.buffer.config import FILTER_SIGNATURE, BufferConfig
+from slimeish.buffer.consume import GroupConsumption
 from slimeish.buffer.errors import BufferInputError, UnknownSessionError, from_script_error
-from slimeish.buffer.keys import CONSUMER_GROUP, Keys, run_id_from_stats_key, run_ids_pattern
-from slimeish.buffer.records import Group, PackedTurn, RegenerateRequest, SessionInfo, TakeResult, Turn
+from slimeish.buffer.keys import Keys, run_id_from_stats_key, run_ids_pattern
+from slimeish.buffer.records import PackedTurn, RegenerateRequest, SessionInfo, Turn
 from slimeish.buffer.replies import (
-    Fields,
-    StreamEntry,
     as_bytes,
-    claimed_entries,
     hash_fields,
-    hash_values,
-    read_entries,
     required,
+    sessions_by_index,
 )
-from slimeish.buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
-from slimeish.buffer.segments import PackedSample, assemble, build_samples, check_next_turn, split_teacher_log_probs
+from slimeish.buffer.rules import GroupFilter
+from slimeish.buffer.segments import PackedSample, build_samples, check_next_turn, split_teacher_log_probs
 from slimeish.buffer.stats import BufferStats, read_stats
 from slimeish.buffer.views import GroupView, SessionView, group_view, session_view
 from slimeish.common.plugins import load_function
@@ -51,8 +48,6 @@ from slimeish.common.sample import Sample, Status
 
 # The fields each read takes from a session or group hash (keys.py lists them all).
 _FINISH_READ = ("status", "n_turns", "index", "group_seq", "metadata", "group_id")
-_MEMBER_READ = ("status", "reward", "created_at")
-_GROUP_READ = ("metadata", "reopened")
 _RECOVER_READ = ("state", "trainable", "metadata")
 _SCRIPTS = (
     "OPEN_SESSION",
@@ -96,23 +91,12 @@ def _final_status(status: Status | str) -> Status:
     return final
 
 
-@dataclass(slots=True)
-class _Candidate:
-    """A complete group read back from a ready-stream entry, before it is judged."""
-
-    entry_id: str
-    group_id: str
-    metadata: dict[str, Any]
-    reopened: int  # times the group was reopened for stale members
-    sessions: list[tuple[int, str]]  # (index in group, session id), by index
-
-
 # A command that loses its connection is sent again on a new one, with backoff (0.1 s doubling to
 # 2 s): about a minute, long enough for a supervised buffer server to be restarted.
 RECONNECT_TRIES = 35
 
 
-class Buffer:
+class Buffer(GroupConsumption):
     """The data buffer of one run in one Redis database."""
 
     def __init__(
@@ -140,10 +124,7 @@ class Buffer:
                 is_async=False,
             )
         self._turns: dict[str, list[PackedTurn]] = {}  # turns this process appended to still-open sessions
-        self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
-        self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
-        self._consumer_group_made = False
-        self._resumes: list[Resume] = []  # the run's resumes, read once per object (see note_resume)
+        self._init_consumption()
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -280,7 +261,7 @@ class Buffer:
         return decode_turn(data) if data is not None else None
 
     async def _load_turns(self, session_id: str) -> list[PackedTurn]:
-        return _decode_turns(await self.redis.hgetall(self.keys.turns(session_id)))
+        return decode_turns(await self.redis.hgetall(self.keys.turns(session_id)))
 
     async def turns(self, session_id: str) -> list[Turn]:
         """All stored turns of a session, in order."""
@@ -293,7 +274,7 @@ class Buffer:
         pipe.hgetall(self.keys.turns(session_id))
         pipe.hget(self.keys.session(session_id), "reward")
         headers, turns, reward = await pipe.execute()
-        return _decode_member(headers, turns, reward)
+        return decode_member(headers, turns, reward)
 
     async def iter_samples(self) -> AsyncIterator[Sample]:
         """Every stored sample of the run (for export and inspection), session by session."""
@@ -347,164 +328,6 @@ class Buffer:
         views = await self.sessions(pending)
         return sorted(views.values(), key=lambda v: v.created_at)[:limit]
 
-    # ---- consumption: trainer -----------------------------------------------------------------
-
-    async def _prepare(self) -> None:
-        """Once per object, before the first take, ack or stats: the run's resumes, the consumer group."""
-        if self._consumer_group_made:
-            return
-        self._resumes = [Resume(**orjson.loads(r)) for r in await self.redis.lrange(self.keys.resumes, 0, -1)]
-        try:  # from id 0, so groups completed before the first trainer started are seen too
-            await self.redis.xgroup_create(self.keys.ready, CONSUMER_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._consumer_group_made = True
-
-    async def take_groups(self, n: int, consumer: str, current_version: int | None = None) -> TakeResult:
-        """Hand out up to `n` trainable groups to `consumer` (non-blocking; fewer if fewer are ready).
-
-        The first calls of a process under a consumer name first return that consumer's groups
-        handed out before and never acknowledged (the trainer crashed), then new ones. Groups
-        that break the failed-member policy, the staleness bound (against `current_version`)
-        or the filter hook are never returned; a group with stale members is reopened and the
-        regeneration of those members queued (`pop_regenerate`). The result counts those skips
-        too: a producer that bounds the groups in flight frees their slots (`settled`).
-        """
-        if n < 1:
-            raise BufferInputError(f"take_groups needs n >= 1, got {n}")
-        await self._prepare()
-        result = TakeResult()
-        while len(result.groups) < n:
-            entries = await self._next_entries(n - len(result.groups), consumer)
-            if not entries:
-                break
-            await self._judge_entries(entries, current_version, result)
-        return result
-
-    async def _next_entries(self, count: int, consumer: str) -> list[StreamEntry]:
-        if consumer not in self._recovered:  # re-read our own unacknowledged deliveries first
-            cursor = self._pending_cursor.get(consumer, "0")
-            entries = read_entries(
-                await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: cursor}, count=count)
-            )
-            if len(entries) < count:
-                self._recovered.add(consumer)
-            if entries:
-                self._pending_cursor[consumer] = entries[-1].entry_id
-                return entries
-        if self.config.reclaim_after_s is not None:
-            idle_ms = int(self.config.reclaim_after_s * 1000)
-            claimed = claimed_entries(
-                await self.redis.xautoclaim(self.keys.ready, CONSUMER_GROUP, consumer, idle_ms, count=count)
-            )
-            if claimed:
-                return claimed
-        return read_entries(await self.redis.xreadgroup(CONSUMER_GROUP, consumer, {self.keys.ready: ">"}, count=count))
-
-    async def _judge_entries(self, entries: list[StreamEntry], current_version: int | None, result: TakeResult) -> None:
-        """Hand out the entries' trainable groups and settle the others, both into `result`."""
-        candidates = await self._load_candidates([e for e in entries if e.group_id is not None])
-        skips: list[Awaitable[int]] = []  # concurrent script calls: the batcher sends them in one round trip
-        kinds: list[tuple[str, int]] = []  # (verdict state, members regenerated) of each skip
-        for group, members in zip(candidates, await self._load_members(candidates), strict=True):
-            gid, entry = group.group_id, group.entry_id
-            verdict = judge(gid, members, self.config, current_version, self._filter, group.reopened, self._resumes)
-            if verdict.keep:
-                result.groups.append(Group(gid, verdict.samples, group.metadata, entry))
-            elif verdict.state == "reopen":
-                skips.append(self._reopen(gid, entry, group.metadata, verdict.stale, current_version))
-                kinds.append((verdict.state, len(verdict.stale)))
-            else:
-                skips.append(self._drop(gid, entry, verdict.state))
-                kinds.append((verdict.state, 0))
-        orphans = [e.entry_id for e in entries if e.group_id is None]  # deleted after delivery: nothing to train
-        if orphans:
-            await self.redis.xack(self.keys.ready, CONSUMER_GROUP, *orphans)
-        # DROP and REOPEN answer 1 when they settled the group, 0 when another consumer already did.
-        for (state, regenerated), settled in zip(kinds, await asyncio.gather(*skips), strict=True):
-            if settled:
-                result.count_skip(state, regenerated)
-
-    async def _load_candidates(self, entries: list[StreamEntry]) -> list[_Candidate]:
-        pipe = self.redis.pipeline(transaction=False)
-        for entry in entries:
-            gid = cast(str, entry.group_id)  # the caller passes only entries that still name a group
-            pipe.hmget(self.keys.group(gid), _GROUP_READ)
-            pipe.hgetall(self.keys.members(gid))
-        replies = iter(await pipe.execute())
-        candidates = []
-        for entry in entries:
-            group, members = hash_fields(_GROUP_READ, next(replies)), next(replies)
-            candidates.append(
-                _Candidate(
-                    entry_id=entry.entry_id,
-                    group_id=cast(str, entry.group_id),
-                    metadata=orjson.loads(required(group, "metadata")),
-                    reopened=int(group["reopened"] or 0),
-                    sessions=_sessions_by_index(members),
-                )
-            )
-        return candidates
-
-    async def _load_members(self, candidates: list[_Candidate]) -> list[list[Member]]:
-        """Every candidate's members with their samples, read in one pipelined round trip."""
-        k = self.keys
-        pipe = self.redis.pipeline(transaction=False)
-        for group in candidates:
-            for _, sid in group.sessions:
-                pipe.hgetall(k.samples(sid))
-                pipe.hgetall(k.turns(sid))
-                pipe.hmget(k.session(sid), _MEMBER_READ)
-        replies = iter(await pipe.execute())
-        return [
-            [
-                _member(index, sid, next(replies), next(replies), hash_fields(_MEMBER_READ, next(replies)))
-                for index, sid in group.sessions
-            ]
-            for group in candidates
-        ]
-
-    async def _drop(self, gid: str, entry: str, state: str) -> int:
-        k = self.keys
-        keys = [k.group(gid), k.ready, k.stats]
-        return await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", time.time()])
-
-    async def _reopen(self, gid: str, entry: str, metadata: dict, stale: list[Member], current: int | None) -> int:
-        oldest = oldest_version([s for m in stale for s in m.samples])
-        request = RegenerateRequest(gid, metadata, [m.index for m in stale], oldest, current)
-        k = self.keys
-        keys = [k.group(gid), k.members(gid), k.ready, k.stats, k.regenerate, *(k.session(m.session_id) for m in stale)]
-        args = [entry, CONSUMER_GROUP, orjson.dumps(asdict(request)), time.time(), *(m.index for m in stale)]
-        return await self._run("REOPEN", keys, args)
-
-    async def ack(self, group_ids: Iterable[str]) -> int:
-        """Acknowledge trained groups (after the step is committed): never handed out again.
-
-        All or nothing: if one id is unknown or not handed out, none is acknowledged. Returns how
-        many were newly acknowledged; acknowledging a group twice is a no-op."""
-        return await self._per_batch("ACK", list(group_ids))
-
-    async def give_back(self, group_ids: Iterable[str]) -> int:
-        """Return taken, unacknowledged groups to the queue so any consumer can take them again (all or nothing)."""
-        return await self._per_batch("GIVE_BACK", list(group_ids))
-
-    async def _per_batch(self, name: str, group_ids: list[str]) -> int:
-        if not group_ids:
-            return 0
-        await self._prepare()
-        keys = [self.keys.ready, self.keys.stats, *(self.keys.group(gid) for gid in group_ids)]
-        return await self._run(name, keys, [CONSUMER_GROUP, time.time(), *group_ids])
-
-    async def note_resume(self, version: int) -> None:
-        """A trainer resumes from a checkpoint of weight `version`: from now on, tokens of newer
-        versions in sessions opened before now are stale (the killed run sampled them with weights
-        this run discarded, and this run will reuse those version numbers)."""
-        await self._prepare()  # reads the earlier resumes first, so this one is not read twice
-        resume = Resume(time.time(), version)
-        await self.redis.rpush(self.keys.resumes, orjson.dumps(asdict(resume)))
-        self._resumes.append(resume)
-
     async def recover_open_groups(self, owner: str | None = None) -> list[RegenerateRequest]:
         """Queue again whatever the rollout side was generating when it died; call it on resume,
         before any rollout runs.
@@ -534,7 +357,7 @@ class Buffer:
             group, members = hash_fields(_RECOVER_READ, next(replies)), next(replies)
             if group["state"] != b"open" or group["trainable"] == b"0":  # a group's state, not a session status
                 continue
-            held = _sessions_by_index(members)
+            held = sessions_by_index(members)
             keys = [k.group(gid), k.members(gid), k.stats, *(k.session(sid) for _, sid in held)]
             script, whose = ("RECOVER", []) if owner is None else ("RECOVER_OWNED", [owner])
             calls.append(self._run(script, keys, [time.time(), *whose, *(x for pair in held for x in pair)]))
@@ -562,27 +385,3 @@ async def run_ids(url: str) -> list[str]:
         return sorted([run_id_from_stats_key(k.decode()) async for k in redis.scan_iter(match=run_ids_pattern())])
     finally:
         await redis.aclose()
-
-
-def _sessions_by_index(members: dict[bytes, bytes]) -> list[tuple[int, str]]:
-    """A members hash (index -> session id) as (index, session id) pairs, by index."""
-    return sorted((int(index), sid.decode()) for index, sid in members.items())
-
-
-def _decode_turns(stored: Mapping[Any, bytes | str]) -> list[PackedTurn]:
-    return sorted((decode_turn(t) for t in hash_values(stored)), key=lambda t: t.turn_index)
-
-
-def _decode_member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], reward: bytes | None) -> list[Sample]:
-    if not headers:  # open or failed: nothing to train on
-        return []
-    value = orjson.loads(reward) if reward else None
-    return assemble(_decode_turns(turns), [decode_sample_header(h) for h in hash_values(headers)], value)
-
-
-def _member(
-    index: int, session_id: str, headers: dict[bytes, bytes], turns: dict[bytes, bytes], session: Fields
-) -> Member:
-    samples = _decode_member(headers, turns, session["reward"])
-    status = Status(required(session, "status").decode())
-    return Member(index, session_id, status, samples, float(session["created_at"] or 0))

@@ -8,13 +8,17 @@ turns (a few numpy concatenations) when read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 import numpy as np
+import orjson
 
 from slimeish.buffer.records import PackedTurn
-from slimeish.buffer.segments import PackedSample
+from slimeish.buffer.replies import hash_values
+from slimeish.buffer.segments import PackedSample, assemble
+from slimeish.common.sample import Sample
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -47,3 +51,16 @@ def encode_sample_header(sample: PackedSample) -> bytes:
 
 def decode_sample_header(data: bytes) -> dict[str, Any]:
     return _decoder.decode(data)
+
+
+def decode_turns(stored: Mapping[Any, bytes | str]) -> list[PackedTurn]:
+    """A session's turns hash, decoded, in turn order."""
+    return sorted((decode_turn(t) for t in hash_values(stored)), key=lambda t: t.turn_index)
+
+
+def decode_member(headers: dict[bytes, bytes], turns: dict[bytes, bytes], reward: bytes | None) -> list[Sample]:
+    """A sealed session's samples from its stored sample headers, turns and reward."""
+    if not headers:  # open or failed: nothing to train on
+        return []
+    value = orjson.loads(reward) if reward else None
+    return assemble(decode_turns(turns), [decode_sample_header(h) for h in hash_values(headers)], value)

@@ -61,3 +61,8 @@ def claimed_entries(reply: Any) -> list[StreamEntry]:
     """The entries an XAUTOCLAIM reply claimed: `[next_cursor, [(id, fields), ...], deleted_ids]`."""
     _cursor, claimed, *_deleted = reply
     return [_entry(e) for e in claimed]
+
+
+def sessions_by_index(members: dict[bytes, bytes]) -> list[tuple[int, str]]:
+    """A members hash (index -> session id) as (index, session id) pairs, by index."""
+    return sorted((int(index), sid.decode()) for index, sid in members.items())
