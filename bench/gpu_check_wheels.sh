@@ -3,11 +3,12 @@
 # (torch, transformers, tokenizers, safetensors, numpy, httpx, pytest there already): the GPU
 # machine has no internet, so these travel with the working tree. The stages import only
 # slimeish.{trainer,engine,models,common}, whose third-party imports outside that stack are
-# megatron-core (the trainer) and msgspec (the engine's protocol). Versions are pyproject's pins.
+# megatron-core (the trainer) and msgspec (the engine's protocol); transformers travels too, so the
+# tiny models are built by the version CI pins, not the machine's own. Versions are pyproject's pins.
 #   bash bench/gpu_check_wheels.sh            # then: du -sh .whl
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PINS=(megatron-core==0.16.1 msgspec==0.22.0)
+PINS=(megatron-core==0.16.1 msgspec==0.22.0 transformers==5.23.0)
 for pin in "${PINS[@]}"; do
   grep -q "\"$pin\"" pyproject.toml || { echo "gpu_check_wheels: $pin is not pyproject's pin" >&2; exit 1; }
 done
