@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from slimeish.buffer import scripts
 from slimeish.buffer.batching import ScriptBatcher
-from slimeish.buffer.codec import decode_member, decode_turn, decode_turns, encode_sample_header, encode_turn
+from slimeish.buffer.codec import decode_member, decode_turns, encode_sample_header, encode_turn
 from slimeish.buffer.config import FILTER_SIGNATURE, BufferConfig
 from slimeish.buffer.consume import GroupConsumption
 from slimeish.buffer.errors import BufferInputError, UnknownSessionError, from_script_error
@@ -255,10 +255,6 @@ class Buffer(GroupConsumption):
         return aborted
 
     # ---- reads --------------------------------------------------------------------------------
-
-    async def _load_turn(self, session_id: str, turn_index: int) -> PackedTurn | None:
-        data = as_bytes(await self.redis.hget(self.keys.turns(session_id), str(turn_index)))
-        return decode_turn(data) if data is not None else None
 
     async def _load_turns(self, session_id: str) -> list[PackedTurn]:
         return decode_turns(await self.redis.hgetall(self.keys.turns(session_id)))
