@@ -4,13 +4,90 @@ Each script checks its preconditions before its first write, so a refused call c
 Errors are replied as "<CODE> message" (codes in buffer/errors.py). All keys come from KEYS,
 built by buffer/keys.py. A session's `status` is a `Sample.Status` value ('pending' while it is
 open); a group's `state` is the group's own ('open', 'ready', 'trained', ...).
+
+Each script is a `LuaScript` paired with a NamedTuple of its keys: the Lua reads KEYS by
+position, so the tuple's field order is that position, and a caller names every key it passes
+(`ScriptBatcher.run` takes only the script's own keys type).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypeVar
+
+K = TypeVar("K", bound=tuple[Any, ...])
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript(Generic[K]):
+    keys: type[K]  # KEYS[1] is its first field; a last field that is a tuple is spread (one key per item)
+    source: str
+
+    def key_list(self, keys: K) -> list[str]:
+        *fixed, last = keys
+        return [*fixed, *last] if isinstance(last, tuple) else [*fixed, last]
+
+
+class SessionKeys(NamedTuple):
+    session: str
+    group: str
+    members: str
+    stats: str
+
+
+class TurnKeys(NamedTuple):
+    session: str
+    turns: str
+    stats: str
+
+
+class FinishKeys(NamedTuple):
+    """`_MEMBER_DONE` reads group, stats and ready at 3, 4 and 5."""
+
+    session: str
+    samples: str  # SET_REWARD writes none, but keeps the positions `_MEMBER_DONE` reads
+    group: str
+    stats: str
+    ready: str
+
+
+class TakenKeys(NamedTuple):
+    ready: str
+    stats: str
+    groups: tuple[str, ...]  # one per group id in ARGV
+
+
+class DropKeys(NamedTuple):
+    group: str
+    ready: str
+    stats: str
+
+
+class ReopenKeys(NamedTuple):
+    group: str
+    members: str
+    ready: str
+    stats: str
+    regenerate: str
+    sessions: tuple[str, ...]  # one per stale index in ARGV
+
+
+class RecoverKeys(NamedTuple):
+    group: str
+    members: str
+    stats: str
+    sessions: tuple[str, ...]  # one per index/session pair in ARGV
+
+
+class AbortKeys(NamedTuple):
+    session: str
+    members: str
+    stats: str
+
+
 # A group member is done once it failed or has a reward; the last one makes the group trainable,
 # or, for an evaluation group (trainable = 0), stored and never queued for a trainer.
-# Expects KEYS group/stats/ready at 3/4/5 and locals gid, failed, now.
+# Expects KEYS group/stats/ready at 3/4/5 (as `FinishKeys` names them) and locals gid, failed, now.
 _MEMBER_DONE = """
 local function member_done(gid, failed, now)
   local done = redis.call('HINCRBY', KEYS[3], 'done', 1)
@@ -40,9 +117,10 @@ local function abort_member(members, index, session, stats, now)
 end
 """
 
-# KEYS: session, group, members, stats
 # ARGV: session_id, group_id, index, group_size, metadata_json, now, trainable ('1' or '0'), owner
-OPEN_SESSION = """
+OPEN_SESSION = LuaScript(
+    SessionKeys,
+    """
 local old_group = redis.call('HGET', KEYS[1], 'group_id')
 if old_group then
   if old_group == ARGV[2] and redis.call('HGET', KEYS[1], 'index') == ARGV[3] then return 0 end
@@ -77,11 +155,13 @@ redis.call('HSET', KEYS[1], 'group_id', ARGV[2], 'index', ARGV[3], 'group_size',
   'owner', ARGV[8])
 redis.call('HINCRBY', KEYS[4], 'sessions_open', 1)
 return 1
-"""
+""",
+)
 
-# KEYS: session, turns, stats
 # ARGV: session_id, turn_index, payload
-APPEND_TURN = """
+APPEND_TURN = LuaScript(
+    TurnKeys,
+    """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
 local previous = redis.call('HGET', KEYS[2], ARGV[2])
@@ -101,11 +181,12 @@ redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'n_turns', n + 1)
 redis.call('HINCRBY', KEYS[3], 'bytes_turns', #ARGV[3])
 return 1
-"""
+""",
+)
 
-# KEYS: session, samples, group, stats, ready
 # ARGV: session_id, n_turns, status, reward_json ('' = later), finish_metadata_json, now, then segment/blob pairs
-FINISH_SESSION = (
+FINISH_SESSION = LuaScript(
+    FinishKeys,
     _MEMBER_DONE
     + """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -130,12 +211,12 @@ if ARGV[3] == 'failed' or ARGV[4] ~= '' then
   member_done(redis.call('HGET', KEYS[1], 'group_id'), ARGV[3] == 'failed', ARGV[6])
 end
 return 1
-"""
+""",
 )
 
-# KEYS: session, (unused), group, stats, ready
 # ARGV: session_id, reward_json, now
-SET_REWARD = (
+SET_REWARD = LuaScript(
+    FinishKeys,
     _MEMBER_DONE
     + """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -154,7 +235,7 @@ end
 redis.call('HSET', KEYS[1], 'reward', ARGV[2])
 member_done(redis.call('HGET', KEYS[1], 'group_id'), false, ARGV[3])
 return 1
-"""
+""",
 )
 
 # Both check every group before changing any, so a batch is acknowledged (or given back) whole.
@@ -178,8 +259,9 @@ for i = 1, #KEYS - 2 do
 end
 """
 
-# KEYS: ready, stats, group...    ARGV: consumer_group, now, group_id...
-ACK = (
+# ARGV: consumer_group, now, group_id...
+ACK = LuaScript(
+    TakenKeys,
     "local ALLOW_TRAINED = true\n"
     + _CHECK_TAKEN
     + """
@@ -194,11 +276,12 @@ for i, entry in ipairs(entries) do
 end
 redis.call('HINCRBY', KEYS[2], 'groups_trained', done)
 return done
-"""
+""",
 )
 
-# KEYS: ready, stats, group...    ARGV: consumer_group, now, group_id...
-GIVE_BACK = (
+# ARGV: consumer_group, now, group_id...
+GIVE_BACK = LuaScript(
+    TakenKeys,
     "local ALLOW_TRAINED = false\n"
     + _CHECK_TAKEN
     + """
@@ -209,26 +292,29 @@ for i, entry in ipairs(entries) do
 end
 redis.call('HINCRBY', KEYS[2], 'groups_given_back', #entries)
 return #entries
-"""
+""",
 )
 
 # Never hand out this group again: acknowledge its entry and record why.
-# KEYS: group, ready, stats
 # ARGV: entry_id, consumer_group, state, counter, now
-DROP = """
+DROP = LuaScript(
+    DropKeys,
+    """
 if redis.call('XACK', KEYS[2], ARGV[2], ARGV[1]) == 0 then return 0 end
 redis.call('XDEL', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'dropped_at', ARGV[5])
 redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
 return 1
-"""
+""",
+)
 
 # Stale members are generated again in the same group: acknowledge the entry, free their indices
 # (their sessions stay stored, marked retired, and are never trained on), put the group back to
 # open with that many members still to come, and queue the regeneration request.
-# KEYS: group, members, ready, stats, regenerate, session...
 # ARGV: entry_id, consumer_group, regenerate_json, now, index... (one per session key)
-REOPEN = """
+REOPEN = LuaScript(
+    ReopenKeys,
+    """
 if redis.call('XACK', KEYS[3], ARGV[2], ARGV[1]) == 0 then return 0 end
 redis.call('XDEL', KEYS[3], ARGV[1])
 local n = #ARGV - 4
@@ -245,15 +331,16 @@ redis.call('HINCRBY', KEYS[4], 'groups_reopened', 1)
 redis.call('HINCRBY', KEYS[4], 'members_regenerated', n)
 redis.call('RPUSH', KEYS[5], ARGV[3])
 return 1
-"""
+""",
+)
 
 # After the rollout side died: free the places of an open training group that can no longer be
 # filled, and answer every free index, for the caller to queue. Sessions still open are closed as
 # aborted and retired; sessions finished without a reward are retired too, since the process that
 # would have set it died with them. Idempotent: a second run finds the same indices free.
-# KEYS: group, members, stats, session... (one per member listed in ARGV)
 # ARGV: now, then index/session_id pairs as read from the members hash
-RECOVER = (
+RECOVER = LuaScript(
+    RecoverKeys,
     _ABORT_MEMBER
     + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
@@ -279,15 +366,15 @@ for index = 0, tonumber(redis.call('HGET', KEYS[1], 'size')) - 1 do
   if not filled[index] then free[#free + 1] = index end
 end
 return free
-"""
+""",
 )
 
 # One router's recovery: only the sessions it opened (owner = its id) that are still open are
 # closed as aborted, and their places returned; the other routers' live sessions, and members
 # whose reward the rollout side still sets, are left alone.
-# KEYS: group, members, stats, then one session key per held member (as RECOVER)
 # ARGV: now, owner, then index/session id pairs
-RECOVER_OWNED = (
+RECOVER_OWNED = LuaScript(
+    RecoverKeys,
     _ABORT_MEMBER
     + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
@@ -305,16 +392,16 @@ for i = 1, #KEYS - 3 do
   end
 end
 return free
-"""
+""",
 )
 
 # The rollout side lost an episode to its infrastructure (a worker or node died): the session is
 # closed as aborted and retired, and its place freed, so the episode is generated again in the
 # same group at the same index. 0 (nothing changed) if the session is no longer open or no longer
 # holds its place (already aborted, finished, or freed by a recovery).
-# KEYS: session, members, stats
 # ARGV: session_id, now
-ABORT_SESSION = (
+ABORT_SESSION = LuaScript(
+    AbortKeys,
     _ABORT_MEMBER
     + """
 local status, index = unpack(redis.call('HMGET', KEYS[1], 'status', 'index'))
@@ -322,5 +409,5 @@ if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV
 if status ~= 'pending' or redis.call('HGET', KEYS[2], index) ~= ARGV[1] then return 0 end
 abort_member(KEYS[2], index, KEYS[1], KEYS[3], ARGV[2])
 return 1
-"""
+""",
 )
