@@ -1,6 +1,7 @@
 """The one session-ending client (`slimeish.rollout.router_sessions`), against two loopback apps
 that stand in for routers' session API: each call goes to the router that holds the session,
-rides out 503s, gives up at once when the run stops, and counts only the sessions it opened."""
+rides out 503s, gives up at once when the run stops, and counts only the sessions it opened; the
+producer finishes what a rollout left open for it through it (with a real valkey-server)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from slimeish.common.sample import Status
+from slimeish.buffer import Buffer, EmbeddedServer, SessionInfo
+from slimeish.common.sample import Sample, Status
+from slimeish.rollout import RECORD_FROM_RETURN
 from slimeish.rollout.router_sessions import RouterSessions, RouterUnavailable, SessionRef
+from slimeish.train.producer import store_uncaptured
 from tests.stand_in import serve_app
 
 
@@ -93,3 +98,29 @@ async def test_only_the_sessions_it_opened_count_toward_its_balance(routers):
     await sessions.finish(opened[0], 1.0, Status.COMPLETED)
     assert sessions.open_on == {url_b: 0, url_a: 1}
     await sessions.client.aclose()
+
+
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory):
+    with EmbeddedServer(tmp_path_factory.mktemp("valkey-router-sessions")) as server:
+        yield server
+
+
+async def test_the_producer_records_a_left_open_session_and_finishes_it_on_its_router(routers, valkey):
+    a, url_a, b, url_b = routers
+    b.unavailable = 1  # the router holding it is restarting: the finish waits for it
+    sample = Sample(
+        tokens=[1, 2, 3], response_length=1, loss_mask=[1], rollout_log_probs=[-0.5], weight_versions=[0], reward=1.0
+    )
+    sample.session_id, sample.status = "left-open", Status.COMPLETED
+    sample.metadata[RECORD_FROM_RETURN] = url_b
+    args = SimpleNamespace(loss_type="policy_loss")
+    sessions = client_for([url_a, url_b])
+    async with Buffer(valkey.url, "producer-finish") as buffer:
+        await buffer.open_session(SessionInfo("left-open", "g0", 0, 1))
+        await store_uncaptured(buffer, [[sample]], args, lambda: sessions)
+        (turn,) = await buffer.turns("left-open")
+    await sessions.client.aclose()
+    assert (turn.prompt_ids, turn.output_ids) == ([1, 2], [3])
+    assert a.seen == [] and b.seen == [("POST", "/sessions/left-open/finish", "Bearer admin")] * 2
+    assert RECORD_FROM_RETURN not in sample.metadata
