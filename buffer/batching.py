@@ -8,14 +8,13 @@ server reads each connection in ~16 KB steps and, with `appendfsync always`, fsy
 event-loop turn, so a few pipelines on parallel connections share an fsync better than one big
 pipeline, which is read (and fsynced) over many turns.
 
-`run` is the typed way in: a script of scripts.py with its own named keys; a script's error
-reply comes back as the buffer's exception for its code (errors.py).
+`run` is the typed way in: a `LuaScript` with its own named keys and arguments; a script's
+error reply comes back as the buffer's exception for its code (errors.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -23,11 +22,9 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from slimeish.buffer.errors import from_script_error
-from slimeish.buffer.scripts import K, LuaScript
+from slimeish.buffer.scripts import A, K, LuaScript, spread
 
-# What a script's ARGV holds: Redis sends each as a string.
-Arg = str | bytes | int | float
-_Call = tuple[AsyncScript, list[str], Sequence[Arg], "asyncio.Future[Any]"]
+_Call = tuple[AsyncScript, list[str], list[Any], "asyncio.Future[Any]"]
 
 
 class ScriptBatcher:
@@ -39,17 +36,17 @@ class ScriptBatcher:
         self._in_flight: set[asyncio.Task[None]] = set()  # strong references until each batch is done
         self._registered: dict[str, AsyncScript] = {}  # by source: each script's SHA, computed once
 
-    async def run(self, script: LuaScript[K], keys: K, args: Sequence[Arg]) -> Any:
+    async def run(self, script: LuaScript[K, A], keys: K, args: A) -> Any:
         """The script's reply (an int or a list, as its Lua returns)."""
         registered = self._registered.get(script.source)
         if registered is None:
             registered = self._registered[script.source] = self.redis.register_script(script.source)
         try:
-            return await self._call(registered, script.key_list(keys), args)
+            return await self._call(registered, spread(keys), spread(args))
         except ResponseError as exc:
             raise from_script_error(str(exc)) or exc from None
 
-    async def _call(self, script: AsyncScript, keys: list[str], args: Sequence[Arg]) -> Any:
+    async def _call(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append((script, keys, args, future))

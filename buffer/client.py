@@ -25,11 +25,12 @@ from redis.backoff import ExponentialBackoff
 from redis.driver_info import DriverInfo
 from redis.exceptions import ConnectionError, TimeoutError
 
-from slimeish.buffer.batching import Arg, ScriptBatcher
+from slimeish.buffer.batching import ScriptBatcher
 from slimeish.buffer.codec import decode_member, decode_turns, encode_sample_header, encode_turn
 from slimeish.buffer.config import FILTER_SIGNATURE, BufferConfig
 from slimeish.buffer.consume import GroupConsumer
 from slimeish.buffer.errors import BufferInputError, UnknownSessionError
+from slimeish.buffer.group_scripts import RECOVER, RECOVER_OWNED, RecoverArgs, RecoverKeys, RecoverOwnedArgs
 from slimeish.buffer.keys import Keys, run_id_from_stats_key, run_ids_pattern
 from slimeish.buffer.records import PackedTurn, RegenerateRequest, SessionInfo, TakeResult, Turn
 from slimeish.buffer.replies import (
@@ -44,12 +45,14 @@ from slimeish.buffer.scripts import (
     APPEND_TURN,
     FINISH_SESSION,
     OPEN_SESSION,
-    RECOVER,
-    RECOVER_OWNED,
     SET_REWARD,
+    AbortArgs,
     AbortKeys,
+    AppendArgs,
+    FinishArgs,
     FinishKeys,
-    RecoverKeys,
+    OpenArgs,
+    RewardArgs,
     SessionKeys,
     TurnKeys,
 )
@@ -139,16 +142,16 @@ class Buffer:
         """Register a session in its group (created on first use). False if it was already open (retry)."""
         info.validate()
         k, sid, gid = self.keys, info.session_id, info.group_id
-        args: list[Arg] = [
-            sid,
-            gid,
-            info.index,
-            info.group_size,
-            _json(info.metadata, "metadata"),
-            time.time(),
-            int(info.trainable),
-            info.owner,
-        ]
+        args = OpenArgs(
+            session_id=sid,
+            group_id=gid,
+            member_index=info.index,
+            group_size=info.group_size,
+            metadata_json=_json(info.metadata, "metadata"),
+            now=time.time(),
+            trainable=int(info.trainable),
+            owner=info.owner,
+        )
         keys = SessionKeys(session=k.session(sid), group=k.group(gid), members=k.members(gid), stats=k.stats)
         return bool(await self._scripts.run(OPEN_SESSION, keys, args))
 
@@ -163,7 +166,8 @@ class Buffer:
         check_next_turn(previous, packed, 1 + max((t.segment_index for t in earlier), default=-1))
         k, sid = self.keys, turn.session_id
         keys = TurnKeys(session=k.session(sid), turns=k.turns(sid), stats=k.stats)
-        stored = await self._scripts.run(APPEND_TURN, keys, [sid, turn.turn_index, encode_turn(packed)])
+        args = AppendArgs(session_id=sid, turn_index=turn.turn_index, payload=encode_turn(packed))
+        stored = await self._scripts.run(APPEND_TURN, keys, args)
         if stored and len(cached) == turn.turn_index:
             self._turns.setdefault(turn.session_id, cached).append(packed)
         return bool(stored)
@@ -204,8 +208,11 @@ class Buffer:
                 group_index=int(required(session, "group_seq")),
                 metadata=sample_meta,
             )
-        pairs = [part for s in samples for part in (s.segment_index, encode_sample_header(s))]
-        args = [session_id, n_turns, status.value, reward_json, meta_json, time.time(), *pairs]
+        headers = tuple(part for s in samples for part in (s.segment_index, encode_sample_header(s)))
+        args = FinishArgs(
+            session_id=session_id, n_turns=n_turns, status=status.value, reward_json=reward_json,
+            metadata_json=meta_json, now=time.time(), samples=headers,
+        )  # fmt: skip
         sealed = await self._scripts.run(FINISH_SESSION, self._finish_keys(session_id, gid), args)
         self._turns.pop(session_id, None)
         return bool(sealed)
@@ -223,7 +230,8 @@ class Buffer:
         if gid is None:
             raise UnknownSessionError(f"unknown session {session_id}")
         keys = self._finish_keys(session_id, gid.decode())
-        return bool(await self._scripts.run(SET_REWARD, keys, [session_id, reward_json, time.time()]))
+        args = RewardArgs(session_id=session_id, reward_json=reward_json, now=time.time())
+        return bool(await self._scripts.run(SET_REWARD, keys, args))
 
     def _finish_keys(self, session_id: str, group_id: str) -> FinishKeys:
         k = self.keys
@@ -244,7 +252,7 @@ class Buffer:
         keys = AbortKeys(
             session=self.keys.session(session_id), members=self.keys.members(gid.decode()), stats=self.keys.stats
         )
-        aborted = bool(await self._scripts.run(ABORT_SESSION, keys, [session_id, time.time()]))
+        aborted = bool(await self._scripts.run(ABORT_SESSION, keys, AbortArgs(session_id=session_id, now=time.time())))
         if aborted:
             self._turns.pop(session_id, None)
         return aborted
@@ -369,8 +377,12 @@ class Buffer:
             held = sessions_by_index(members)
             sessions = tuple(k.session(sid) for _, sid in held)
             keys = RecoverKeys(group=k.group(gid), members=k.members(gid), stats=k.stats, sessions=sessions)
-            script, whose = (RECOVER, []) if owner is None else (RECOVER_OWNED, [owner])
-            calls.append(self._scripts.run(script, keys, [time.time(), *whose, *(x for pair in held for x in pair)]))
+            pairs = tuple(x for pair in held for x in pair)
+            if owner is None:
+                calls.append(self._scripts.run(RECOVER, keys, RecoverArgs(now=time.time(), held=pairs)))
+            else:
+                args = RecoverOwnedArgs(now=time.time(), owner=owner, held=pairs)
+                calls.append(self._scripts.run(RECOVER_OWNED, keys, args))
             open_groups.append((gid, required(group, "metadata")))
         requests = [
             RegenerateRequest(gid, orjson.loads(metadata), [int(i) for i in free], None, None)

@@ -16,10 +16,22 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from slimeish.buffer.batching import Arg, ScriptBatcher
+from slimeish.buffer.batching import ScriptBatcher
 from slimeish.buffer.codec import decode_member
 from slimeish.buffer.config import BufferConfig
 from slimeish.buffer.errors import BufferInputError
+from slimeish.buffer.group_scripts import (
+    ACK,
+    DROP,
+    GIVE_BACK,
+    REOPEN,
+    DropArgs,
+    DropKeys,
+    ReopenArgs,
+    ReopenKeys,
+    TakenArgs,
+    TakenKeys,
+)
 from slimeish.buffer.keys import CONSUMER_GROUP, Keys
 from slimeish.buffer.records import Group, RegenerateRequest, TakeResult
 from slimeish.buffer.replies import (
@@ -32,7 +44,7 @@ from slimeish.buffer.replies import (
     sessions_by_index,
 )
 from slimeish.buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
-from slimeish.buffer.scripts import ACK, DROP, GIVE_BACK, REOPEN, DropKeys, LuaScript, ReopenKeys, TakenKeys
+from slimeish.buffer.scripts import LuaScript
 from slimeish.common.sample import Status
 
 # The fields each read takes from a session or group hash (keys.py lists them all).
@@ -185,7 +197,10 @@ class GroupConsumer:
 
     async def _drop(self, gid: str, entry: str, state: str) -> int:
         keys = DropKeys(group=self.keys.group(gid), ready=self.keys.ready, stats=self.keys.stats)
-        return int(await self._scripts.run(DROP, keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", time.time()]))
+        args = DropArgs(
+            entry_id=entry, consumer_group=CONSUMER_GROUP, state=state, counter=f"groups_{state}", now=time.time()
+        )
+        return int(await self._scripts.run(DROP, keys, args))
 
     async def _reopen(
         self, gid: str, entry: str, metadata: dict[str, Any], stale: list[Member], current: int | None
@@ -201,8 +216,14 @@ class GroupConsumer:
             regenerate=k.regenerate,
             sessions=tuple(k.session(m.session_id) for m in stale),
         )
-        args: list[Arg] = [entry, CONSUMER_GROUP, orjson.dumps(asdict(request)), time.time()]
-        return int(await self._scripts.run(REOPEN, keys, [*args, *(m.index for m in stale)]))
+        args = ReopenArgs(
+            entry_id=entry,
+            consumer_group=CONSUMER_GROUP,
+            regenerate_json=orjson.dumps(asdict(request)),
+            now=time.time(),
+            indices=tuple(m.index for m in stale),
+        )
+        return int(await self._scripts.run(REOPEN, keys, args))
 
     async def ack(self, group_ids: Iterable[str]) -> int:
         """Acknowledge trained groups (after the step is committed): never handed out again.
@@ -215,13 +236,14 @@ class GroupConsumer:
         """Return taken, unacknowledged groups to the queue so any consumer can take them again (all or nothing)."""
         return await self._per_batch(GIVE_BACK, list(group_ids))
 
-    async def _per_batch(self, script: LuaScript[TakenKeys], group_ids: list[str]) -> int:
+    async def _per_batch(self, script: LuaScript[TakenKeys, TakenArgs], group_ids: list[str]) -> int:
         if not group_ids:
             return 0
         await self.prepare()
         groups = tuple(self.keys.group(gid) for gid in group_ids)
         keys = TakenKeys(ready=self.keys.ready, stats=self.keys.stats, groups=groups)
-        return int(await self._scripts.run(script, keys, [CONSUMER_GROUP, time.time(), *group_ids]))
+        args = TakenArgs(consumer_group=CONSUMER_GROUP, now=time.time(), group_ids=tuple(group_ids))
+        return int(await self._scripts.run(script, keys, args))
 
     async def note_resume(self, version: int) -> None:
         """A trainer resumes from a checkpoint of weight `version`: from now on, tokens of newer
