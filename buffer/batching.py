@@ -7,6 +7,9 @@ its own result or error). Batches are small (`max_batch`) and do not wait for ea
 server reads each connection in ~16 KB steps and, with `appendfsync always`, fsyncs once per
 event-loop turn, so a few pipelines on parallel connections share an fsync better than one big
 pipeline, which is read (and fsynced) over many turns.
+
+`run` is the typed way in: a `LuaScript` with its own named keys and arguments; a script's
+error reply comes back as the buffer's exception for its code (errors.py).
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
-_Call = tuple[AsyncScript, list[Any], list[Any], asyncio.Future]
+from slimeish.buffer.errors import from_script_error
+from slimeish.buffer.scripts import A, K, LuaScript, spread
+
+_Call = tuple[AsyncScript, list[str], list[Any], "asyncio.Future[Any]"]
 
 
 class ScriptBatcher:
@@ -27,11 +33,22 @@ class ScriptBatcher:
         self.max_batch = max_batch
         self._queue: list[_Call] = []
         self._scheduled = False
-        self._in_flight: set[asyncio.Task] = set()  # strong references until each batch is done
+        self._in_flight: set[asyncio.Task[None]] = set()  # strong references until each batch is done
+        self._registered: dict[str, AsyncScript] = {}  # by source: each script's SHA, computed once
 
-    async def call(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> Any:
+    async def run(self, script: LuaScript[K, A], keys: K, args: A) -> Any:
+        """The script's reply (an int or a list, as its Lua returns)."""
+        registered = self._registered.get(script.source)
+        if registered is None:
+            registered = self._registered[script.source] = self.redis.register_script(script.source)
+        try:
+            return await self._call(registered, spread(keys), spread(args))
+        except ResponseError as exc:
+            raise from_script_error(str(exc)) or exc from None
+
+    async def _call(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         self._queue.append((script, keys, args, future))
         if not self._scheduled:  # send after the callers that are ready this tick have queued theirs
             self._scheduled = True

@@ -5,8 +5,8 @@ run as one Lua script (atomic in Redis), and concurrent calls share pipelines; t
 travel as packed bytes once, with their turn (finishing a session sends only sample headers),
 never per token. Trainable groups are entries of a Redis stream
 read through a consumer group, which gives exactly-once training: an entry handed out and not
-acknowledged stays pending and is handed out again (see `take_groups`, in `consume`, which
-`Buffer` inherits); an acknowledged one is deleted.
+acknowledged stays pending and is handed out again (see `take_groups`, which `Buffer` passes to
+its `consume.GroupConsumer`); an acknowledged one is deleted.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -23,16 +23,16 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.driver_info import DriverInfo
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ConnectionError, TimeoutError
 
-from slimeish.buffer import scripts
 from slimeish.buffer.batching import ScriptBatcher
-from slimeish.buffer.codec import decode_member, decode_turn, decode_turns, encode_sample_header, encode_turn
+from slimeish.buffer.codec import decode_member, decode_turns, encode_sample_header, encode_turn
 from slimeish.buffer.config import FILTER_SIGNATURE, BufferConfig
-from slimeish.buffer.consume import GroupConsumption
-from slimeish.buffer.errors import BufferInputError, UnknownSessionError, from_script_error
+from slimeish.buffer.consume import GroupConsumer
+from slimeish.buffer.errors import BufferInputError, UnknownSessionError
+from slimeish.buffer.group_scripts import RECOVER, RECOVER_OWNED, RecoverArgs, RecoverKeys, RecoverOwnedArgs
 from slimeish.buffer.keys import Keys, run_id_from_stats_key, run_ids_pattern
-from slimeish.buffer.records import PackedTurn, RegenerateRequest, SessionInfo, Turn
+from slimeish.buffer.records import PackedTurn, RegenerateRequest, SessionInfo, TakeResult, Turn
 from slimeish.buffer.replies import (
     as_bytes,
     hash_fields,
@@ -40,6 +40,22 @@ from slimeish.buffer.replies import (
     sessions_by_index,
 )
 from slimeish.buffer.rules import GroupFilter
+from slimeish.buffer.scripts import (
+    ABORT_SESSION,
+    APPEND_TURN,
+    FINISH_SESSION,
+    OPEN_SESSION,
+    SET_REWARD,
+    AbortArgs,
+    AbortKeys,
+    AppendArgs,
+    FinishArgs,
+    FinishKeys,
+    OpenArgs,
+    RewardArgs,
+    SessionKeys,
+    TurnKeys,
+)
 from slimeish.buffer.segments import PackedSample, build_samples, check_next_turn, split_teacher_log_probs
 from slimeish.buffer.stats import BufferStats, read_stats
 from slimeish.buffer.views import GroupView, SessionView, group_view, session_view
@@ -49,19 +65,6 @@ from slimeish.common.sample import Sample, Status
 # The fields each read takes from a session or group hash (keys.py lists them all).
 _FINISH_READ = ("status", "n_turns", "index", "group_seq", "metadata", "group_id")
 _RECOVER_READ = ("state", "trainable", "metadata")
-_SCRIPTS = (
-    "OPEN_SESSION",
-    "APPEND_TURN",
-    "FINISH_SESSION",
-    "SET_REWARD",
-    "RECOVER_OWNED",
-    "ACK",
-    "GIVE_BACK",
-    "DROP",
-    "REOPEN",
-    "RECOVER",
-    "ABORT_SESSION",
-)
 
 
 def _json(value: Any, what: str) -> bytes:
@@ -96,7 +99,7 @@ def _final_status(status: Status | str) -> Status:
 RECONNECT_TRIES = 35
 
 
-class Buffer(GroupConsumption):
+class Buffer:
     """The data buffer of one run in one Redis database."""
 
     def __init__(
@@ -111,20 +114,18 @@ class Buffer(GroupConsumption):
             url, driver_info=DriverInfo(), retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), RECONNECT_TRIES),
             retry_on_error=[ConnectionError, TimeoutError],
         )  # fmt: skip
-        self._scripts = {name: self.redis.register_script(getattr(scripts, name)) for name in _SCRIPTS}
-        self._batcher = ScriptBatcher(self.redis)
-        self._filter: GroupFilter | None = group_filter
+        self._scripts = ScriptBatcher(self.redis)
         if self.config.group_filter_path and group_filter is not None:
             raise ValueError("give a group filter by group_filter_path or as a function, not both")
         if self.config.group_filter_path:
-            self._filter = load_function(
+            group_filter = load_function(
                 self.config.group_filter_path,
                 expected=FILTER_SIGNATURE,
                 params=["group_id", "samples"],
                 is_async=False,
             )
+        self._consumer = GroupConsumer(self.redis, self.keys, self.config, self._scripts, group_filter)
         self._turns: dict[str, list[PackedTurn]] = {}  # turns this process appended to still-open sessions
-        self._init_consumption()
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -135,29 +136,24 @@ class Buffer(GroupConsumption):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return await self._batcher.call(self._scripts[name], keys, args)
-        except ResponseError as exc:
-            raise from_script_error(str(exc)) or exc from None
-
     # ---- writes: router and rollout side ---------------------------------------------------------
 
     async def open_session(self, info: SessionInfo) -> bool:
         """Register a session in its group (created on first use). False if it was already open (retry)."""
         info.validate()
         k, sid, gid = self.keys, info.session_id, info.group_id
-        args = [
-            sid,
-            gid,
-            info.index,
-            info.group_size,
-            _json(info.metadata, "metadata"),
-            time.time(),
-            int(info.trainable),
-            info.owner,
-        ]
-        return bool(await self._run("OPEN_SESSION", [k.session(sid), k.group(gid), k.members(gid), k.stats], args))
+        args = OpenArgs(
+            session_id=sid,
+            group_id=gid,
+            member_index=info.index,
+            group_size=info.group_size,
+            metadata_json=_json(info.metadata, "metadata"),
+            now=time.time(),
+            trainable=int(info.trainable),
+            owner=info.owner,
+        )
+        keys = SessionKeys(session=k.session(sid), group=k.group(gid), members=k.members(gid), stats=k.stats)
+        return bool(await self._scripts.run(OPEN_SESSION, keys, args))
 
     async def append_turn(self, turn: Turn) -> bool:
         """Store one turn. Turns arrive in order; a retried identical turn is stored once (returns False)."""
@@ -168,12 +164,10 @@ class Buffer(GroupConsumption):
         earlier = cached[: turn.turn_index]
         previous = earlier[-1] if earlier and len(earlier) == turn.turn_index else None
         check_next_turn(previous, packed, 1 + max((t.segment_index for t in earlier), default=-1))
-        k = self.keys
-        stored = await self._run(
-            "APPEND_TURN",
-            [k.session(turn.session_id), k.turns(turn.session_id), k.stats],
-            [turn.session_id, turn.turn_index, encode_turn(packed)],
-        )
+        k, sid = self.keys, turn.session_id
+        keys = TurnKeys(session=k.session(sid), turns=k.turns(sid), stats=k.stats)
+        args = AppendArgs(session_id=sid, turn_index=turn.turn_index, payload=encode_turn(packed))
+        stored = await self._scripts.run(APPEND_TURN, keys, args)
         if stored and len(cached) == turn.turn_index:
             self._turns.setdefault(turn.session_id, cached).append(packed)
         return bool(stored)
@@ -214,11 +208,12 @@ class Buffer(GroupConsumption):
                 group_index=int(required(session, "group_seq")),
                 metadata=sample_meta,
             )
-        pairs = [part for s in samples for part in (s.segment_index, encode_sample_header(s))]
-        args = [session_id, n_turns, status.value, reward_json, meta_json, time.time(), *pairs]
-        sealed = await self._run(
-            "FINISH_SESSION", [k.session(session_id), k.samples(session_id), k.group(gid), k.stats, k.ready], args
-        )
+        headers = tuple(part for s in samples for part in (s.segment_index, encode_sample_header(s)))
+        args = FinishArgs(
+            session_id=session_id, n_turns=n_turns, status=status.value, reward_json=reward_json,
+            metadata_json=meta_json, now=time.time(), samples=headers,
+        )  # fmt: skip
+        sealed = await self._scripts.run(FINISH_SESSION, self._finish_keys(session_id, gid), args)
         self._turns.pop(session_id, None)
         return bool(sealed)
 
@@ -234,9 +229,16 @@ class Buffer(GroupConsumption):
         gid = as_bytes(await self.redis.hget(self.keys.session(session_id), "group_id"))
         if gid is None:
             raise UnknownSessionError(f"unknown session {session_id}")
+        keys = self._finish_keys(session_id, gid.decode())
+        args = RewardArgs(session_id=session_id, reward_json=reward_json, now=time.time())
+        return bool(await self._scripts.run(SET_REWARD, keys, args))
+
+    def _finish_keys(self, session_id: str, group_id: str) -> FinishKeys:
         k = self.keys
-        keys = [k.session(session_id), k.samples(session_id), k.group(gid.decode()), k.stats, k.ready]
-        return bool(await self._run("SET_REWARD", keys, [session_id, reward_json, time.time()]))
+        return FinishKeys(
+            session=k.session(session_id), samples=k.samples(session_id), group=k.group(group_id), stats=k.stats,
+            ready=k.ready,
+        )  # fmt: skip
 
     async def abort_session(self, session_id: str) -> bool:
         """Give an open session's place back: the episode was lost to its infrastructure (a worker
@@ -247,18 +249,15 @@ class Buffer(GroupConsumption):
         gid = as_bytes(await self.redis.hget(self.keys.session(session_id), "group_id"))
         if gid is None:
             raise UnknownSessionError(f"unknown session {session_id}")
-        k = self.keys
-        keys = [k.session(session_id), k.members(gid.decode()), k.stats]
-        aborted = bool(await self._run("ABORT_SESSION", keys, [session_id, time.time()]))
+        keys = AbortKeys(
+            session=self.keys.session(session_id), members=self.keys.members(gid.decode()), stats=self.keys.stats
+        )
+        aborted = bool(await self._scripts.run(ABORT_SESSION, keys, AbortArgs(session_id=session_id, now=time.time())))
         if aborted:
             self._turns.pop(session_id, None)
         return aborted
 
     # ---- reads --------------------------------------------------------------------------------
-
-    async def _load_turn(self, session_id: str, turn_index: int) -> PackedTurn | None:
-        data = as_bytes(await self.redis.hget(self.keys.turns(session_id), str(turn_index)))
-        return decode_turn(data) if data is not None else None
 
     async def _load_turns(self, session_id: str) -> list[PackedTurn]:
         return decode_turns(await self.redis.hgetall(self.keys.turns(session_id)))
@@ -284,8 +283,26 @@ class Buffer(GroupConsumption):
 
     async def stats(self) -> BufferStats:
         """Counts of sessions and groups by state, staleness drops, bytes stored."""
-        await self._prepare()
+        await self._consumer.prepare()
         return await read_stats(self.redis, self.keys)
+
+    # ---- the trainer's side, in consume.py -----------------------------------------------------
+
+    async def take_groups(self, n: int, consumer: str, current_version: int | None = None) -> TakeResult:
+        """Hand out up to `n` trainable groups to `consumer`: `GroupConsumer.take_groups`."""
+        return await self._consumer.take_groups(n, consumer, current_version)
+
+    async def ack(self, group_ids: Iterable[str]) -> int:
+        """Acknowledge trained groups, all or nothing: `GroupConsumer.ack`."""
+        return await self._consumer.ack(group_ids)
+
+    async def give_back(self, group_ids: Iterable[str]) -> int:
+        """Return taken, unacknowledged groups to the queue, all or nothing: `GroupConsumer.give_back`."""
+        return await self._consumer.give_back(group_ids)
+
+    async def note_resume(self, version: int) -> None:
+        """A trainer resumes from a checkpoint of weight `version`: `GroupConsumer.note_resume`."""
+        await self._consumer.note_resume(version)
 
     # ---- inspection (read-only: never writes, not even the consumer group) ---------------------
 
@@ -358,9 +375,14 @@ class Buffer(GroupConsumption):
             if group["state"] != b"open" or group["trainable"] == b"0":  # a group's state, not a session status
                 continue
             held = sessions_by_index(members)
-            keys = [k.group(gid), k.members(gid), k.stats, *(k.session(sid) for _, sid in held)]
-            script, whose = ("RECOVER", []) if owner is None else ("RECOVER_OWNED", [owner])
-            calls.append(self._run(script, keys, [time.time(), *whose, *(x for pair in held for x in pair)]))
+            sessions = tuple(k.session(sid) for _, sid in held)
+            keys = RecoverKeys(group=k.group(gid), members=k.members(gid), stats=k.stats, sessions=sessions)
+            pairs = tuple(x for pair in held for x in pair)
+            if owner is None:
+                calls.append(self._scripts.run(RECOVER, keys, RecoverArgs(now=time.time(), held=pairs)))
+            else:
+                args = RecoverOwnedArgs(now=time.time(), owner=owner, held=pairs)
+                calls.append(self._scripts.run(RECOVER_OWNED, keys, args))
             open_groups.append((gid, required(group, "metadata")))
         requests = [
             RegenerateRequest(gid, orjson.loads(metadata), [int(i) for i in free], None, None)

@@ -21,7 +21,7 @@ from slimeish.buffer.segments import PackedSample, assemble
 from slimeish.common.sample import Sample
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder()
+_decoder = msgspec.msgpack.Decoder(dict[str, Any])  # a stored turn or sample header: a map of fields
 I32, F32 = np.dtype("<i4"), np.dtype("<f4")
 _TURN_ARRAYS = {"prompt_ids": I32, "output_ids": I32, "output_logprobs": F32}
 _SAMPLE_ARRAYS = ("tokens", "loss_mask", "rollout_log_probs")

@@ -1,14 +1,14 @@
 """The trainer's side of `Buffer`: taking whole trainable groups from the ready stream through a
 consumer group (exactly once: an entry handed out and not acknowledged is handed out again after a
 crash), judging each against the group rules, and acknowledging or giving back what was taken.
-`Buffer` inherits it; its state (the consumer group, per-consumer cursors, the run's resumes) is
-used only here."""
+`Buffer` holds one `GroupConsumer` and passes these calls to it; its state (the consumer group,
+per-consumer cursors, the run's resumes) is used only here."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -16,9 +16,22 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from slimeish.buffer.batching import ScriptBatcher
 from slimeish.buffer.codec import decode_member
 from slimeish.buffer.config import BufferConfig
 from slimeish.buffer.errors import BufferInputError
+from slimeish.buffer.group_scripts import (
+    ACK,
+    DROP,
+    GIVE_BACK,
+    REOPEN,
+    DropArgs,
+    DropKeys,
+    ReopenArgs,
+    ReopenKeys,
+    TakenArgs,
+    TakenKeys,
+)
 from slimeish.buffer.keys import CONSUMER_GROUP, Keys
 from slimeish.buffer.records import Group, RegenerateRequest, TakeResult
 from slimeish.buffer.replies import (
@@ -31,6 +44,7 @@ from slimeish.buffer.replies import (
     sessions_by_index,
 )
 from slimeish.buffer.rules import GroupFilter, Member, Resume, judge, oldest_version
+from slimeish.buffer.scripts import LuaScript
 from slimeish.common.sample import Status
 
 # The fields each read takes from a session or group hash (keys.py lists them all).
@@ -49,23 +63,23 @@ class _Candidate:
     sessions: list[tuple[int, str]]  # (index in group, session id), by index
 
 
-class GroupConsumption:
-    """`Buffer`'s consumption methods (take, ack, give back, note a resume) and their state."""
+class GroupConsumer:
+    """Take, acknowledge and give back groups, and note resumes, over the `Buffer`'s connection."""
 
-    # given by `Buffer`
-    redis: Redis
-    keys: Keys
-    config: BufferConfig
-    _filter: GroupFilter | None
-    _run: Callable[[str, list[str], list[Any]], Awaitable[Any]]
-
-    def _init_consumption(self) -> None:
+    def __init__(
+        self, redis: Redis, keys: Keys, config: BufferConfig, scripts: ScriptBatcher, group_filter: GroupFilter | None
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.config = config
+        self._scripts = scripts
+        self._filter = group_filter
         self._pending_cursor: dict[str, str] = {}  # consumer -> last pending entry re-read after a restart
         self._recovered: set[str] = set()  # consumers whose earlier (crashed) deliveries were re-read
         self._consumer_group_made = False
         self._resumes: list[Resume] = []  # the run's resumes, read once per object (see note_resume)
 
-    async def _prepare(self) -> None:
+    async def prepare(self) -> None:
         """Once per object, before the first take, ack or stats: the run's resumes, the consumer group."""
         if self._consumer_group_made:
             return
@@ -89,7 +103,7 @@ class GroupConsumption:
         """
         if n < 1:
             raise BufferInputError(f"take_groups needs n >= 1, got {n}")
-        await self._prepare()
+        await self.prepare()
         result = TakeResult()
         while len(result.groups) < n:
             entries = await self._next_entries(n - len(result.groups), consumer)
@@ -182,41 +196,60 @@ class GroupConsumption:
         ]
 
     async def _drop(self, gid: str, entry: str, state: str) -> int:
-        k = self.keys
-        keys = [k.group(gid), k.ready, k.stats]
-        return await self._run("DROP", keys, [entry, CONSUMER_GROUP, state, f"groups_{state}", time.time()])
+        keys = DropKeys(group=self.keys.group(gid), ready=self.keys.ready, stats=self.keys.stats)
+        args = DropArgs(
+            entry_id=entry, consumer_group=CONSUMER_GROUP, state=state, counter=f"groups_{state}", now=time.time()
+        )
+        return int(await self._scripts.run(DROP, keys, args))
 
-    async def _reopen(self, gid: str, entry: str, metadata: dict, stale: list[Member], current: int | None) -> int:
+    async def _reopen(
+        self, gid: str, entry: str, metadata: dict[str, Any], stale: list[Member], current: int | None
+    ) -> int:
         oldest = oldest_version([s for m in stale for s in m.samples])
         request = RegenerateRequest(gid, metadata, [m.index for m in stale], oldest, current)
         k = self.keys
-        keys = [k.group(gid), k.members(gid), k.ready, k.stats, k.regenerate, *(k.session(m.session_id) for m in stale)]
-        args = [entry, CONSUMER_GROUP, orjson.dumps(asdict(request)), time.time(), *(m.index for m in stale)]
-        return await self._run("REOPEN", keys, args)
+        keys = ReopenKeys(
+            group=k.group(gid),
+            members=k.members(gid),
+            ready=k.ready,
+            stats=k.stats,
+            regenerate=k.regenerate,
+            sessions=tuple(k.session(m.session_id) for m in stale),
+        )
+        args = ReopenArgs(
+            entry_id=entry,
+            consumer_group=CONSUMER_GROUP,
+            regenerate_json=orjson.dumps(asdict(request)),
+            now=time.time(),
+            indices=tuple(m.index for m in stale),
+        )
+        return int(await self._scripts.run(REOPEN, keys, args))
 
     async def ack(self, group_ids: Iterable[str]) -> int:
         """Acknowledge trained groups (after the step is committed): never handed out again.
 
         All or nothing: if one id is unknown or not handed out, none is acknowledged. Returns how
         many were newly acknowledged; acknowledging a group twice is a no-op."""
-        return await self._per_batch("ACK", list(group_ids))
+        return await self._per_batch(ACK, list(group_ids))
 
     async def give_back(self, group_ids: Iterable[str]) -> int:
         """Return taken, unacknowledged groups to the queue so any consumer can take them again (all or nothing)."""
-        return await self._per_batch("GIVE_BACK", list(group_ids))
+        return await self._per_batch(GIVE_BACK, list(group_ids))
 
-    async def _per_batch(self, name: str, group_ids: list[str]) -> int:
+    async def _per_batch(self, script: LuaScript[TakenKeys, TakenArgs], group_ids: list[str]) -> int:
         if not group_ids:
             return 0
-        await self._prepare()
-        keys = [self.keys.ready, self.keys.stats, *(self.keys.group(gid) for gid in group_ids)]
-        return await self._run(name, keys, [CONSUMER_GROUP, time.time(), *group_ids])
+        await self.prepare()
+        groups = tuple(self.keys.group(gid) for gid in group_ids)
+        keys = TakenKeys(ready=self.keys.ready, stats=self.keys.stats, groups=groups)
+        args = TakenArgs(consumer_group=CONSUMER_GROUP, now=time.time(), group_ids=tuple(group_ids))
+        return int(await self._scripts.run(script, keys, args))
 
     async def note_resume(self, version: int) -> None:
         """A trainer resumes from a checkpoint of weight `version`: from now on, tokens of newer
         versions in sessions opened before now are stale (the killed run sampled them with weights
         this run discarded, and this run will reuse those version numbers)."""
-        await self._prepare()  # reads the earlier resumes first, so this one is not read twice
+        await self.prepare()  # reads the earlier resumes first, so this one is not read twice
         resume = Resume(time.time(), version)
         await self.redis.rpush(self.keys.resumes, orjson.dumps(asdict(resume)))
         self._resumes.append(resume)

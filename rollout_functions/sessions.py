@@ -1,4 +1,5 @@
-"""Client side of the router's session API, and the episode runner shared by rollout functions.
+"""The episode runner shared by rollout functions (the router client it uses is
+`slimeish.rollout.router_sessions`, which `slimeish train` also finishes sessions with).
 
 A rollout function turns prompt groups into episodes: for every sample it opens a router session
 (group id, index, group size), lets something drive the episode through that session (token-in
@@ -12,24 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
 import logging
 import math
 import statistics
-import threading
-import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import httpx
-import tenacity
 
 from slimeish.common.sample import Sample, Status, teacher_metadata
 from slimeish.rollout import (
     RECORD_FROM_RETURN,
-    RUN_STOPPING,
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
     carries_response,
@@ -38,21 +32,10 @@ from slimeish.rollout import (
     training_group_id,
 )
 from slimeish.rollout.rewards import load_post_process, post_process_group
+from slimeish.rollout.router_sessions import RouterSessions, Session
+from slimeish.rollout.run_state import RolloutRun, rollout_run
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Session:
-    session_id: str
-    api_key: str
-    base_url: str  # OpenAI base URL: http://ROUTER/s/<api_key>/v1
-    router_url: str  # the router that opened it: every later call for the session goes there
-
-    @property
-    def generate_url(self) -> str:
-        """The session's token-in endpoint (SGLang /generate body)."""
-        return self.base_url.removesuffix("/v1") + "/generate"
 
 
 class EpisodeLost(RuntimeError):
@@ -68,207 +51,34 @@ EPISODE_ATTEMPTS = 3
 REGENERATED = "episodes_regenerated"
 
 
-class RouterUnavailable(RuntimeError):
-    """The router answered 503 (its store or every engine is down for now): retry."""
-
-
-def _retryable(e: BaseException) -> bool:
-    return isinstance(e, (httpx.TransportError, RouterUnavailable))
-
-
-async def send_retrying(
-    client: httpx.AsyncClient, method: str, url: str, retry_s: float, **kwargs: Any
-) -> httpx.Response:
-    """One request, retried with backoff for up to `retry_s` while the router cannot be reached
-    (restarting) or answers 503 (its buffer or engines are down for now). Other answers are returned."""
-    retrying = tenacity.AsyncRetrying(
-        retry=tenacity.retry_if_exception(_retryable),
-        wait=tenacity.wait_exponential(multiplier=0.2, max=5),
-        stop=tenacity.stop_after_delay(retry_s) | tenacity.stop_when_event_set(RUN_STOPPING),
-        reraise=True,
-    )
-    async for attempt in retrying:
-        with attempt:
-            r = await client.request(method, url, **kwargs)
-            if r.status_code == 503:
-                raise RouterUnavailable(f"{method} {url}: 503 {r.text[:300]}")
-            return r
-    raise AssertionError("tenacity returns or raises")
-
-
-# Where each RouterSessions starts among equally loaded routers: rollout calls that each open a
-# few sessions must not all begin with the first router.
-_first_router = itertools.count()
-
-
-class RouterSessions:
-    """Opens and finishes sessions on the routers with the admin token; one shared HTTP client.
-    Each new session goes to the router with the fewest sessions this object has open there, and
-    each later call for it to the router that opened it (a session lives on one router). Each call
-    rides out a router restart or a buffer outage (`send_retrying`)."""
-
-    def __init__(
-        self, router_urls: Sequence[str], admin_token: str | None, client: httpx.AsyncClient, retry_s: float = 120.0
-    ):
-        if not router_urls:
-            raise ValueError("RouterSessions needs at least one router URL")
-        start = next(_first_router) % len(router_urls)
-        urls = [u.rstrip("/") for u in router_urls]
-        self.open_on = dict.fromkeys(urls[start:] + urls[:start], 0)  # min() takes the first of equals
-        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        self.client = client
-        self.retry_s = retry_s
-
-    async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        return await send_retrying(self.client, method, url, self.retry_s, headers=self.headers, **kwargs)
-
-    async def open(
-        self,
-        group_id: str,
-        index: int,
-        group_size: int,
-        metadata: dict[str, Any],
-        *,
-        trainable: bool = True,
-        sampling_defaults: dict[str, Any] | None = None,
-    ) -> Session:
-        """`sampling_defaults` (SGLang names: `temperature`, `top_p`, `top_k`, `max_new_tokens`, `stop`) fill
-        what the session's turns leave out."""
-        body = {"group_id": group_id, "index": index, "group_size": group_size, "metadata": metadata}
-        body |= {"trainable": trainable, "sampling_defaults": sampling_defaults or {}}
-        router = min(self.open_on, key=self.open_on.__getitem__)
-        self.open_on[router] += 1
-        try:
-            d = (await self._send("POST", f"{router}/sessions", json=body)).raise_for_status().json()
-        except BaseException:
-            self.open_on[router] -= 1
-            raise
-        return Session(d["session_id"], d["api_key"], d["base_url"], router)
-
-    async def captured_turns(self, session: Session) -> int:
-        """How many turns the router captured on the session so far."""
-        r = await self._send("GET", f"{session.router_url}/sessions/{session.session_id}")
-        return int(r.raise_for_status().json()["turns"])
-
-    async def _end(self, session: Session, action: str, **body: Any) -> httpx.Response | None:
-        """POST the session's `finish` or `abort`: the router's answer, or None if the router no
-        longer knows the session (a restarted router closed it as aborted and queued its group
-        place for regeneration, `--recover-open-sessions`)."""
-        r = await self._send("POST", f"{session.router_url}/sessions/{session.session_id}/{action}", **body)
-        self.open_on[session.router_url] -= 1
-        if r.status_code == 404:
-            log.warning("session %s was lost with a router restart; its place is generated again", session.session_id)
-            return None
-        return r
-
-    async def finish(
-        self, session: Session, reward: float | None, status: Status, metadata: dict[str, Any] | None = None
-    ) -> dict[str, Any] | None:
-        """The finished session's summary; None if a restarted router lost it (see `_end`)."""
-        body = {"reward": reward, "status": status.value, "metadata": metadata or {}}
-        r = await self._end(session, "finish", json=body)
-        return None if r is None else r.raise_for_status().json()
-
-    async def abort(self, session: Session) -> bool:
-        """Give up a session whose episode was lost to its infrastructure: the router seals it as
-        aborted and the buffer frees its group place, for the member to be opened again. False if
-        a restarted router lost it (see `_end`): its place comes back from the recovery's queue."""
-        r = await self._end(session, "abort")
-        if r is not None and r.status_code != 409:  # 409: sealed already, by an earlier attempt whose answer was lost
-            r.raise_for_status()
-        return r is not None
-
-
 # An episode returns its group member: one sample, or several (slime's list-returning generate),
 # which become the segments of the member's session and share its one reward.
 EpisodeFn = Callable[[Session, Sample], Awaitable[Sample | list[Sample]]]
 
-# The rollout call's shared HTTP client, for episode code that runs inside `run_groups`.
-_client: contextvars.ContextVar[httpx.AsyncClient] = contextvars.ContextVar("slimeish_rollout_client")
+# The rollout call's router client, for episode code that runs inside `run_groups`.
+_sessions: contextvars.ContextVar[RouterSessions] = contextvars.ContextVar("slimeish_rollout_sessions")
+
+
+def router_sessions() -> RouterSessions:
+    """The router client of the running rollout call (one per call: its HTTP client is closed when it ends)."""
+    return _sessions.get()
 
 
 def http_client() -> httpx.AsyncClient:
-    """The HTTP client of the running rollout call (one per call, closed when it ends)."""
-    return _client.get()
+    """The HTTP client of the running rollout call, for an agent SDK to share."""
+    return _sessions.get().client
 
 
-# Eval prompts are drawn afresh at every evaluation (and again after a resume): a per-process
-# nonce keeps their group ids unique. Training group indices never repeat within a run.
-_EVAL_NONCE = uuid.uuid4().hex[:8]
-
-
-class EpisodeSlots:
-    """A counting semaphore that event loops in different threads share.
-
-    The async producer runs several rollout calls at once, each in its own thread and event loop;
-    `--rollout-concurrency` must bound the episodes of all of them together, so a group whose slow
-    member still runs holds one slot, not n, and its finished siblings' slots go to other groups.
-    """
-
-    def __init__(self, limit: int):
-        self._lock = threading.Lock()
-        self._free = limit
-        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
-
-    async def __aenter__(self) -> None:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._free > 0:
-                self._free -= 1
-                return
-            future: asyncio.Future[None] = loop.create_future()
-            self._waiters.append((loop, future))
-        try:
-            await future
-        except asyncio.CancelledError:
-            with self._lock:
-                if (loop, future) in self._waiters:
-                    self._waiters.remove((loop, future))
-            if future.done() and not future.cancelled():  # granted, then cancelled: pass the slot on
-                self.release()
-            raise
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
-
-    def release(self) -> None:
-        with self._lock:
-            while self._waiters:
-                loop, future = self._waiters.popleft()
-                try:  # hand the slot over in the waiter's own loop, where its future lives
-                    loop.call_soon_threadsafe(self._grant, future)
-                    return
-                except RuntimeError:  # that loop is closed: nobody waits there any more
-                    continue
-            self._free += 1
-
-    def _grant(self, future: asyncio.Future[None]) -> None:
-        if future.cancelled():  # gave up after release() picked it: the next waiter gets the slot
-            self.release()
-        else:
-            future.set_result(None)
-
-
-_episode_slots: dict[int, EpisodeSlots] = {}
-_episode_slots_lock = threading.Lock()
-
-
-def episode_slots(limit: int) -> EpisodeSlots:
-    """The process-wide slots for `--rollout-concurrency` = `limit`, shared by every rollout call."""
-    with _episode_slots_lock:
-        return _episode_slots.setdefault(limit, EpisodeSlots(limit))
-
-
-def group_id_for(sample: Sample, evaluation: bool, rollout_id: int) -> str:
-    """Training groups are named by their group index; eval groups live in their own namespace."""
-    return f"eval-{_EVAL_NONCE}-{rollout_id}-{sample.group_index}" if evaluation else training_group_id(sample)
+def group_id_for(sample: Sample, evaluation: bool, rollout_id: int, run: RolloutRun) -> str:
+    """Training groups are named by their group index; eval groups live in the run's own namespace."""
+    return f"eval-{run.eval_nonce}-{rollout_id}-{sample.group_index}" if evaluation else training_group_id(sample)
 
 
 async def run_groups(
     args: Any, groups: list[list[Sample]], episode: EpisodeFn, *, rollout_id: int, evaluation: bool
 ) -> list[list[Sample]]:
     """Run every sample of every group as one session, at most `args.rollout_concurrency` at once
-    across all rollout calls in the process.
+    across all rollout calls of the run (`args.rollout_run`).
 
     An episode that raises, times out, or ends without a finite reward is finished as failed
     (the buffer's group policy decides about its group). One that raises `EpisodeLost` (its
@@ -279,12 +89,16 @@ async def run_groups(
     `slimeish train` records the returned tokens into it and finishes it
     (`slimeish.train.producer.record_returned`). Errors talking to the router are not the
     episode's fault: they are raised once every episode has ended."""
-    limit = episode_slots(args.rollout_concurrency)
+    run = rollout_run(args)
+    limit = run.episode_slots(args.rollout_concurrency)
     limits = httpx.Limits(max_connections=args.rollout_concurrency)  # one connection per running episode
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.rollout_timeout + 30), limits=limits) as client:
-        _client.set(client)
         routers = getattr(args, "router_urls", None) or [args.router_url]  # a plugin's own args may name one
-        sessions = RouterSessions(routers, args.admin_token, client, args.router_retry_s)
+        sessions = RouterSessions(
+            routers, args.admin_token, client, retry_s=args.router_retry_s, stopping=run.stopping,
+            first=run.first_router(len(routers)),
+        )  # fmt: skip
+        _sessions.set(sessions)
         # The rollout's sampling, for the turns an agent sends without it (token-in sends it all itself).
         sampling = sampling_params(args, evaluation=evaluation)
         # Only a custom generate can have called the engine around the session (the root /generate);
@@ -311,7 +125,7 @@ async def run_groups(
         async def one(sample: Sample, group_size: int) -> tuple[Session | None, list[Sample]]:
             async with limit:
                 meta = session_metadata(sample, evaluation)
-                group_id = group_id_for(sample, evaluation, rollout_id)
+                group_id = group_id_for(sample, evaluation, rollout_id, run)
                 if sample.index is None:
                     raise ValueError("a rollout sample needs the index its data source gave it (get_samples sets it)")
                 for attempt in range(1, EPISODE_ATTEMPTS + 1):
@@ -346,8 +160,8 @@ async def run_groups(
             failed = lead.status == Status.FAILED
             own_tokens = bypasses and all(carries_response(s) for s in member)
             if not (failed or evaluation) and own_tokens and not await sessions.captured_turns(session):
-                for s in member:
-                    s.metadata[RECORD_FROM_RETURN] = True  # its own tokens: slimeish train records and finishes it
+                for s in member:  # its own tokens: slimeish train records them and finishes it on this router
+                    s.metadata[RECORD_FROM_RETURN] = session.router_url
                 return
             # a failed member's error, or its teacher log-probs (slime's OPD post-process sets them)
             metadata = {"error": lead.metadata["error"]} if failed else teacher_metadata(member)

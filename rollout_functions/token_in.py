@@ -23,7 +23,7 @@ from slimeish.rollout import (
     sampling_params,
 )
 from slimeish.rollout.rewards import set_reward
-from slimeish.rollout_functions.sessions import Session, http_client, run_episodes, send_retrying
+from slimeish.rollout_functions.sessions import Session, router_sessions, run_episodes
 
 
 @functools.cache
@@ -46,7 +46,7 @@ async def generate(args: Any, sample: Sample, params: dict[str, Any]) -> Sample:
     ids = prompt_ids(args, sample.prompt)
     body = {"input_ids": ids, "sampling_params": params, "return_logprob": True}
     url = sample.metadata["session"]["generate_url"]
-    r = await send_retrying(http_client(), "POST", url, args.router_retry_s, json=body)  # 503: engines restarting
+    r = await router_sessions().send("POST", url, admin=False, json=body)  # retried on 503: engines restarting
     r.raise_for_status()
     out = r.json()
     meta = out["meta_info"]

@@ -24,6 +24,7 @@ PAGES = [
     (["buffer", "serve"], "slimeish buffer serve"),
     (["buffer", "stats"], "slimeish buffer stats"),
     (["buffer", "export"], "slimeish buffer export"),
+    (["viewer"], "slimeish viewer"),
     (["make-tiny-model"], "slimeish make-tiny-model"),
 ]
 

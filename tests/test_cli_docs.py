@@ -17,3 +17,11 @@ def test_top_level_help_lists_every_command(capsys):
     main(["--help"])
     out = capsys.readouterr().out
     assert all(name in out for name in COMMANDS)
+
+
+def test_every_command_has_a_section():
+    from slimeish.cli import COMMANDS
+    from slimeish.cli_docs import PAGES
+
+    documented = {argv[0] for argv, _ in PAGES}
+    assert documented == set(COMMANDS), f"commands without a section in docs/cli.md: {set(COMMANDS) - documented}"

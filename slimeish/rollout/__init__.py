@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -136,15 +135,11 @@ def check_rollout_config(cfg: object) -> None:
 
 
 # A training session that captured no turn while its sample came back with tokens of its own (a slime
-# plugin that posted to the router's root /generate) is left open and named under this metadata key:
-# slimeish train appends the returned tokens to it as turns, then finishes it, so the sample is
-# recorded from what the plugin returned, at its own place in its group.
+# plugin that posted to the router's root /generate) is left open, with the URL of the router that
+# holds it under this metadata key: slimeish train appends the returned tokens to it as turns, then
+# finishes it on that router, so the sample is recorded from what the plugin returned, at its own
+# place in its group.
 RECORD_FROM_RETURN = "record_from_return"
-
-# Set when the run stops (finished, interrupted, or a part given up): rollout code that waits for
-# the router to come back gives up at once, so the process is not held by threads retrying a
-# router that is gone for good.
-RUN_STOPPING = threading.Event()
 
 
 def carries_response(sample: Sample) -> bool:

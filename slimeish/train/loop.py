@@ -20,7 +20,6 @@ from typing import Any
 from tqdm import tqdm
 
 from slimeish.buffer import Group
-from slimeish.rollout import RUN_STOPPING
 from slimeish.train.checkpoint import save
 from slimeish.train.collect import collect_groups, evaluate
 from slimeish.train.launch import RunningStack, Stack
@@ -65,18 +64,14 @@ def launcher(setup: TrainSetup, run_id: str) -> contextlib.AbstractContextManage
 
 async def supervised(training: Coroutine[Any, Any, None], stack: RunningStack) -> None:
     """Run `training` until it ends, or until the stack gives up a part the run needs."""
-    RUN_STOPPING.clear()  # a run started earlier in this process set it
     task = asyncio.create_task(training)
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=1.0)
-            if stack.fatal is not None and not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                stack.raise_if_failed()
-        task.result()
-    finally:  # before asyncio.run waits for the rollout threads: none keeps retrying a router
-        RUN_STOPPING.set()
+    while not task.done():
+        await asyncio.wait({task}, timeout=1.0)
+        if stack.fatal is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            stack.raise_if_failed()
+    task.result()
 
 
 async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:

@@ -17,6 +17,7 @@ from slimeish.buffer import Buffer
 from slimeish.data import DataSource, read_prompts
 from slimeish.rollout import load_rollout_function
 from slimeish.rollout.dynamic_filter import DynamicFilter
+from slimeish.rollout.run_state import RolloutRun
 from slimeish.train.checkpoint import resume
 from slimeish.train.launch import RunningStack
 from slimeish.train.ledger import TrainedGroups
@@ -68,8 +69,8 @@ class Parts:
 
 @contextlib.asynccontextmanager
 async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncIterator[Parts]:
-    run = setup.run
-    args = plugin_args(setup, stack.router_url, stack.admin_token, router_urls=stack.router_urls)
+    run, rollout = setup.run, RolloutRun()
+    args = plugin_args(setup, stack.router_url, stack.admin_token, router_urls=stack.router_urls, rollout_run=rollout)
     rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
     data, eval_data = train_source(setup), eval_source(setup)
     async with trainer_and_sync(setup, stack, run_id) as (trainer, sync):
@@ -101,7 +102,8 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
                               router_counters, ledger, dynamic_filter)  # fmt: skip
                 try:
                     yield parts
-                finally:
+                finally:  # first, so no rollout thread left to finish keeps retrying a router
+                    rollout.stopping.set()
                     await producer.stop()
                     logger.plot_rewards()
 

@@ -34,6 +34,8 @@ from slimeish.rollout import (
     session_metadata,
     training_group_id,
 )
+from slimeish.rollout.router_sessions import RouterSessions, SessionRef
+from slimeish.rollout.run_state import rollout_run
 
 log = logging.getLogger("slimeish.producer")
 
@@ -74,16 +76,18 @@ def sample_to_turns(
     return turns
 
 
-async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], args: Any) -> None:
+async def store_uncaptured(
+    buffer: Buffer, groups: list[list[Sample]], args: Any, sessions: Callable[[], RouterSessions]
+) -> None:
     """Record the returned samples no router session captured: into the session the rollout
     function left open for them (`RECORD_FROM_RETURN`; several samples of one member share it),
-    or into a new one where they had none (a rollout function that never opened sessions). A
-    group may be partial: the regenerated members of a reopened group."""
-    left_open: dict[str, list[Sample]] = {}
+    then finished through `sessions()`, or into a new one where they had none (a rollout function
+    that never opened sessions). A group may be partial: the regenerated members of a reopened group."""
+    left_open: dict[SessionRef, list[Sample]] = {}
     for sample in (s for group in groups for s in group):
-        if sample.metadata.pop(RECORD_FROM_RETURN, False):
+        if router := sample.metadata.pop(RECORD_FROM_RETURN, None):
             assert sample.session_id is not None, "a sample left to record names its open session"
-            left_open.setdefault(sample.session_id, []).append(sample)
+            left_open.setdefault(SessionRef(sample.session_id, router), []).append(sample)
         elif not sample.session_id:
             try:
                 await _store_direct(buffer, sample, args)
@@ -93,28 +97,23 @@ async def store_uncaptured(buffer: Buffer, groups: list[list[Sample]], args: Any
                 # Failed because its place was taken when it opened its session (a regeneration a
                 # restarted router queued got there first): that session fills the place.
                 log.warning("not recording failed sample %s: its group place is held", sample.index)
-    for session_id, member in left_open.items():
-        await record_returned(buffer, args, session_id, member)
+    for session, member in left_open.items():
+        await record_returned(buffer, args, sessions(), session, member)
 
 
-async def record_returned(buffer: Buffer, args: Any, session_id: str, member: list[Sample]) -> None:
+async def record_returned(
+    buffer: Buffer, args: Any, sessions: RouterSessions, session: SessionRef, member: list[Sample]
+) -> None:
     """Append a member's returned samples to its open, empty router session, one segment each,
-    then finish the session through the router (which seals it from the stored turns)."""
+    then finish the session on its router (which seals it from the stored turns)."""
     n_turns = 0
     for segment, sample in enumerate(member):
-        for turn in sample_to_turns(session_id, sample, n_turns, segment, loss_type=_loss_type(args)):
+        for turn in sample_to_turns(session.session_id, sample, n_turns, segment, loss_type=_loss_type(args)):
             await buffer.append_turn(turn)
             n_turns += 1
     lead = member[0]  # the rollout function gave the member's samples one status and reward
     status = Status.COMPLETED if lead.status == Status.PENDING else lead.status
-    body: dict[str, Any] = {"reward": lead.reward, "status": status.value, "metadata": teacher_metadata(member)}
-    headers = {"Authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
-    async with httpx.AsyncClient(timeout=60) as client:
-        for router in getattr(args, "router_urls", None) or [args.router_url]:  # the one that opened it
-            r = await client.post(f"{router}/sessions/{session_id}/finish", json=body, headers=headers)
-            if r.status_code != 404:
-                break
-        r.raise_for_status()
+    await sessions.finish(session, lead.reward, status, teacher_metadata(member))
 
 
 def _loss_type(args: Any) -> str:
@@ -179,6 +178,19 @@ class RolloutProducer:
         self._slots: asyncio.Semaphore | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._error: BaseException | None = None
+        self._sessions: RouterSessions | None = None  # made on first use: most runs never need it
+
+    def _router_sessions(self) -> RouterSessions:
+        """The one client that finishes the sessions rollout calls left open for the producer."""
+        if self._sessions is None:
+            args = self.args
+            routers = getattr(args, "router_urls", None) or [args.router_url]
+            stopping = rollout_run(args).stopping
+            client = httpx.AsyncClient(timeout=60)
+            self._sessions = RouterSessions(
+                routers, args.admin_token, client, retry_s=args.router_retry_s, stopping=stopping
+            )
+        return self._sessions
 
     async def run_once(self, n_groups: int | None = None) -> dict[str, float]:
         """One rollout call for `n_groups` groups (default: a batch): regenerations first."""
@@ -196,7 +208,7 @@ class RolloutProducer:
         rollout_id, self.rollout_id = self.rollout_id, self.rollout_id + 1
         loop = asyncio.get_running_loop()
         out = train_output(await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data))
-        await store_uncaptured(self.buffer, out.samples, args)
+        await store_uncaptured(self.buffer, out.samples, args, self._router_sessions)
         self.metrics = {f"episodes/{k}": v for k, v in out.metrics.items()}
         return self.metrics
 
@@ -234,3 +246,5 @@ class RolloutProducer:
         if self._executor is not None:
             # Rollout calls in flight finish on their own; the run's processes stop right after.
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._sessions is not None:
+            await self._sessions.client.aclose()

@@ -31,6 +31,7 @@ from slimeish.rollout import (
 from slimeish.rollout.dynamic_filter import DynamicFilter
 from slimeish.rollout.rewards import load_post_process
 from slimeish.rollout.rm_hub import ASYNC_RM_PATH, check_rm_type
+from slimeish.rollout.run_state import RUN_ARG, RolloutRun
 from slimeish.train.launch import StackConfig
 from slimeish.train.slime_flags import SlimeConfig, SlimeFlagError, translate
 from slimeish.trainer.config import LossConfig, TrainerConfig
@@ -216,11 +217,17 @@ SLIME_ARGS: dict[str, Any] = {
 
 
 def plugin_args(
-    setup: TrainSetup, router_url: str, admin_token: str, *, router_urls: Sequence[str] = ()
+    setup: TrainSetup,
+    router_url: str,
+    admin_token: str,
+    *,
+    router_urls: Sequence[str] = (),
+    rollout_run: RolloutRun | None = None,
 ) -> argparse.Namespace:
     """The `args` rollout plugins receive: every option under slime's names (the rollout
     function's own included), plus where the routers are (`router_url` is the first of
-    `router_urls`). A copy per run: plugins may read it freely; changes do not reach the configs."""
+    `router_urls`) and what the run's rollout calls share (`rollout_run`, a new one if not
+    given). A copy per run: plugins may read it freely; changes do not reach the configs."""
     host, _, port = router_url.removeprefix("http://").partition(":")
     where = {
         "hf_checkpoint": str(setup.trainer.model_path),
@@ -229,6 +236,7 @@ def plugin_args(
         "admin_token": admin_token,  # the running router's (--admin-token may be unset)
         "sglang_router_ip": host,
         "sglang_router_port": int(port),
+        RUN_ARG: rollout_run or RolloutRun(),
     }
     return argparse.Namespace(**SLIME_ARGS | _slime_names(setup) | setup.values() | where)
 

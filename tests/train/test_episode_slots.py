@@ -2,8 +2,11 @@
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
-from slimeish.rollout_functions.sessions import EpisodeSlots, episode_slots
+import pytest
+
+from slimeish.rollout.run_state import EpisodeSlots, RolloutRun, rollout_run
 
 
 def test_slots_bound_episodes_across_threads_and_loops():
@@ -49,5 +52,20 @@ def test_a_cancelled_waiter_does_not_keep_a_slot():
     asyncio.run(main())
 
 
-def test_one_set_of_slots_per_limit_in_a_process():
-    assert episode_slots(5) is episode_slots(5) and episode_slots(5) is not episode_slots(6)
+def test_one_set_of_slots_per_limit_in_a_run_and_none_shared_between_runs():
+    run, other = RolloutRun(), RolloutRun()
+    assert run.episode_slots(5) is run.episode_slots(5) and run.episode_slots(5) is not run.episode_slots(6)
+    assert other.episode_slots(5) is not run.episode_slots(5)
+
+
+def test_a_rollout_call_finds_its_run_in_args_or_is_a_run_of_its_own():
+    run = RolloutRun()
+    assert rollout_run(SimpleNamespace(rollout_run=run)) is run
+    assert rollout_run(SimpleNamespace()) is not rollout_run(SimpleNamespace())
+    with pytest.raises(TypeError, match="RolloutRun"):
+        rollout_run(SimpleNamespace(rollout_run="not a run"))
+
+
+def test_rollout_calls_of_a_run_take_turns_at_the_first_router():
+    run = RolloutRun()
+    assert [run.first_router(3) for _ in range(4)] == [0, 1, 2, 0]
