@@ -203,6 +203,26 @@ def _moe_config(hf_config, shape: ModelShape) -> dict:
     )
 
 
+def start_moe_step(micro_batches: int, data_parallel: int, device: torch.device) -> None:
+    """Zero Megatron's aux-loss tracker and scale the aux loss's gradient for one optimizer step.
+
+    Megatron adds the load-balancing loss's gradient in backward, once per micro-batch and rank;
+    the scale 1 / (micro-batches x data-parallel ranks) makes it the mean over the step, as the
+    policy loss is (each micro-batch's policy loss is already its share of the global batch)."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler, clear_aux_losses_tracker
+
+    clear_aux_losses_tracker()
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / (micro_batches * data_parallel), device=device))
+
+
+def moe_aux_loss(num_layers: int, micro_batches: int) -> float:
+    """This rank's load-balancing loss of the step (before its coefficient), mean over layers and micro-batches."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    tracked = get_moe_layer_wise_logging_tracker().get("load_balancing_loss")
+    return 0.0 if tracked is None else tracked["values"].sum().item() / (num_layers * micro_batches)
+
+
 def rope_inv_freq(hf_config) -> Tensor:
     """HF's inverse RoPE frequencies (default, linear and llama3 scaling) for Megatron to use as-is."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

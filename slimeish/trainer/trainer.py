@@ -34,7 +34,7 @@ from slimeish.trainer.distributed import (
     init_distributed,
 )
 from slimeish.trainer.forward import response_log_probs
-from slimeish.trainer.model import build_gpt_model, model_shape
+from slimeish.trainer.model import build_gpt_model, model_shape, moe_aux_loss, start_moe_step
 from slimeish.trainer.optimizer import (
     build_cpu_optimizer,
     build_gpu_optimizer,
@@ -153,7 +153,10 @@ class Trainer:
         self.model.train()
         self._zero_grad()
         sums: dict[str, float] = defaultdict(float)
-        for mb in pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine]):
+        micro_batches = pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine])
+        if self.shape.num_experts:
+            start_moe_step(max(len(micro_batches), 1), world, self.device)
+        for mb in micro_batches:
             old_mb = None if old is None else _rows(mb, [old[i] for i in mine])
             self._micro_batch(mb.to(self.device), old_mb, normalizer, sums)
         grad_norm = self._apply_gradients()
@@ -166,6 +169,8 @@ class Trainer:
             metrics["is_weight_max"] = sums["_is_weight_max"]
             metrics["rollout_logprob_abs_diff_mean"] = sums["_abs_diff"] / sums["_is_tokens"]
             metrics["rollout_logprob_abs_diff_max"] = sums["_abs_diff_max"]
+        if self.shape.num_experts:
+            metrics["moe_aux_loss"] = moe_aux_loss(self.shape.num_layers, max(len(micro_batches), 1))
         self.state.step += 1
         return metrics
 

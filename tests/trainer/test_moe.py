@@ -82,3 +82,20 @@ def test_dense_layers_between_moe_layers_are_refused(tmp_path):
                          num_key_value_heads=2, num_experts=4, mlp_only_layers=[1])  # fmt: skip
     with pytest.raises(ValueError, match="mlp_only_layers"):
         build_gpt_model(cfg)
+
+
+def test_the_load_balancing_loss_is_reported_and_alone_trains_the_routers(moe_dir):
+    """Equal rewards give zero advantages, so the policy loss has no gradient: whatever moves is
+    moved by the aux loss, which reaches the routers and everything below them, but not the last
+    layer's experts, whose output feeds only the (gradient-free) policy loss."""
+    trainer = Trainer(TrainerConfig(model_path=moe_dir, lr=1e-2, micro_batch_tokens=16), LossConfig())
+    samples = random_samples(2, 3, seed=5, vocab=300)
+    for s in samples:
+        s.reward = 1.0
+    before = trainer.hf_state_dict()
+    metrics = trainer.train_step(samples)
+    after = trainer.hf_state_dict()
+    assert metrics["moe_aux_loss"] > 0 and metrics["grad_norm"] > 0
+    assert not torch.equal(before["model.layers.1.mlp.gate.weight"], after["model.layers.1.mlp.gate.weight"])
+    experts = [k for k in before if k.startswith("model.layers.1.mlp.experts.")]
+    assert experts and all(torch.equal(before[k], after[k]) for k in experts)
