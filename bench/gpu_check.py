@@ -198,12 +198,16 @@ def stage_nccl(device: str) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     model_dir, port = str(_tiny()), free_port()
-    procs = [ctx.Process(target=_nccl_worker, args=(r, model_dir, port, device, queue)) for r in range(2)]
+    # Daemonic, and terminated if still alive: a rank left stuck in a failed NCCL group must not
+    # hold this process at exit (multiprocessing joins non-daemonic children) past the stage's limit.
+    procs = [ctx.Process(target=_nccl_worker, args=(r, model_dir, port, device, queue), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
     replies = sorted((queue.get(timeout=70) for _ in procs), key=lambda r: r["rank"])
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=20)
+        if p.is_alive():
+            p.terminate()
     result: dict = {"backend": "nccl" if device == "cuda" else "gloo", "gpus": gpus, "ranks": replies,
                     "covers": NCCL_COVERS}  # fmt: skip
     errors = [r["error"] for r in replies if "error" in r]

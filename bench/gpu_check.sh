@@ -67,7 +67,8 @@ info = {"python": platform.python_version(), "torch": torch.__version__, "cuda":
         "cuda_available": torch.cuda.is_available(), "gpus": torch.cuda.device_count()}
 if info["cuda_available"]:
     info["gpu"] = torch.cuda.get_device_name(0)
-    info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    nccl = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
+    info["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
 for mod in ("transformers", "tokenizers", "megatron.core", "msgspec"):
     try:
         info[mod] = __import__(mod, fromlist=["_"]).__version__
