@@ -3,6 +3,7 @@
     python -m bench.gpu_check train  --device cuda --out DIR   # dense tiny model, bf16 steps
     python -m bench.gpu_check parity --device cuda --out DIR   # engine vs trainer log-probs
     python -m bench.gpu_check nccl   --device cuda --out DIR   # weight broadcast, two processes
+    python -m bench.gpu_check moe    --device cuda --out DIR   # tiny Qwen3-MoE, bf16 steps
 
 Each stage writes DIR/<stage>.json ({"status": "PASS"|"FAIL"|"SKIP", ...numbers}) and prints one
 PASS/FAIL line. `--device cpu` runs the same code in fp32 over gloo: the CPU dry run of
@@ -37,17 +38,38 @@ def _tiny(arch: str = "qwen3") -> Path:
     return make_tiny_model(Path(tempfile.mkdtemp(prefix=f"gpu-check-{arch}-")), TinyModelConfig(arch=arch))
 
 
+def _tiny_qwen3_moe() -> Path:
+    """A tiny Qwen3-MoE checkpoint (4 experts, top 2) in HF's per-expert layout; the trainer needs no tokenizer."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=512)  # fmt: skip
+    torch.manual_seed(0)
+    out = Path(tempfile.mkdtemp(prefix="gpu-check-qwen3-moe-"))
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    return out
+
+
 def _finite(metrics: dict[str, float]) -> bool:
     return all(v == v and abs(v) != float("inf") for v in metrics.values())
 
 
-def stage_train(device: str, steps: int = 5) -> dict:
+def stage_train(device: str) -> dict:
+    return _train(device, _tiny())
+
+
+def stage_moe(device: str) -> dict:
+    return _train(device, _tiny_qwen3_moe())
+
+
+def _train(device: str, model_dir: Path, steps: int = 5) -> dict:
     """A few GRPO steps on a fixed batch: the rewarded answers must gain log-prob over the others."""
     from slimeish.trainer.config import LossConfig, TrainerConfig
     from slimeish.trainer.trainer import Trainer
 
     dtype = "bfloat16" if device == "cuda" else "float32"
-    trainer = Trainer(TrainerConfig(model_path=_tiny(), device=device, dtype=dtype, lr=1e-3), LossConfig())
+    trainer = Trainer(TrainerConfig(model_path=model_dir, device=device, dtype=dtype, lr=1e-3), LossConfig())
     gen = torch.Generator().manual_seed(0)
     samples = []
     for g in range(4):
@@ -176,12 +198,16 @@ def stage_nccl(device: str) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     model_dir, port = str(_tiny()), free_port()
-    procs = [ctx.Process(target=_nccl_worker, args=(r, model_dir, port, device, queue)) for r in range(2)]
+    # Daemonic, and terminated if still alive: a rank left stuck in a failed NCCL group must not
+    # hold this process at exit (multiprocessing joins non-daemonic children) past the stage's limit.
+    procs = [ctx.Process(target=_nccl_worker, args=(r, model_dir, port, device, queue), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
     replies = sorted((queue.get(timeout=70) for _ in procs), key=lambda r: r["rank"])
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=20)
+        if p.is_alive():
+            p.terminate()
     result: dict = {"backend": "nccl" if device == "cuda" else "gloo", "gpus": gpus, "ranks": replies,
                     "covers": NCCL_COVERS}  # fmt: skip
     errors = [r["error"] for r in replies if "error" in r]
@@ -196,7 +222,7 @@ def stage_nccl(device: str) -> dict:
     return result
 
 
-STAGES = {"train": stage_train, "parity": stage_parity, "nccl": stage_nccl}
+STAGES = {"train": stage_train, "parity": stage_parity, "nccl": stage_nccl, "moe": stage_moe}
 
 
 def main() -> None:

@@ -356,7 +356,8 @@ _refuse_all(
         "--custom-pg-loss-reducer-function-path",
         "--opsm-delta",
     ],
-    "losses are --loss-type, --policy-loss, --advantage-estimator and --tis (docs/losses.md)",
+    "losses are --loss-type, --policy-loss, --advantage-estimator; slime's TIS/MIS functions are --tis with "
+    "--tis-mode and --tis-level, and --icepop (docs/losses.md)",
 )
 _refuse_all(["--disable-compute-advantages-and-returns"], "advantages are always computed per group")
 _refuse_all(

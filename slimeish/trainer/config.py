@@ -41,9 +41,25 @@ class LossConfig:
     kl_coef: float = help_field(0.0, help="weight of the KL penalty to the frozen reference model (0: no reference)")
     kl_estimator: Literal["k1", "k2", "k3"] = help_field("k3", help="per-token KL estimator (k3 = low-variance)")
     entropy_coef: float = help_field(0.0, help="weight of the entropy bonus")
-    tis: bool = help_field(False, help="truncated importance sampling between trainer and rollout log-probs")
-    tis_clip_low: float = help_field(0.0, help="lower bound of the TIS weight")
-    tis_clip_high: float = help_field(2.0, help="upper bound of the TIS weight")
+    tis: bool = help_field(
+        False, help="importance-sampling correction between trainer and rollout log-probs (TIS, or MIS by --tis-mode)"
+    )
+    tis_mode: Literal["truncate", "mask"] = help_field(
+        "truncate",
+        help="truncate (TIS): weight clamp(rho, low, high); mask (MIS): weight rho inside [low, high], 0 outside",
+    )
+    tis_level: Literal["token", "sequence"] = help_field(
+        "token", help="token: rho per token; sequence: rho = product over the sample's trained tokens, one weight"
+    )
+    tis_clip_low: float = help_field(0.0, help="lower bound of the TIS/MIS ratio")
+    tis_clip_high: float = help_field(2.0, help="upper bound of the TIS/MIS ratio")
+    icepop: bool = help_field(
+        False,
+        help="IcePop: per token, weight rho inside [--icepop-low, --icepop-high] and mask the token outside "
+        "(token-level MIS with IcePop's band); instead of --tis",
+    )
+    icepop_low: float = help_field(0.5, help="IcePop's lower ratio bound (alpha)")
+    icepop_high: float = help_field(5.0, help="IcePop's upper ratio bound (beta)")
     use_opd: bool = help_field(
         False,
         help="on-policy distillation (slime's OPD): each token's advantage is lowered by --opd-kl-coef x "
@@ -61,13 +77,25 @@ class LossConfig:
             raise ValueError("eps_clip and eps_clip_high must be >= 0")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
-        if self.loss_type == "sft_loss" and self.tis:
-            raise ValueError("--loss-type sft_loss trains on no rollout log-probs; drop --tis")
+        if self.loss_type == "sft_loss" and (self.tis or self.icepop):
+            raise ValueError("--loss-type sft_loss trains on no rollout log-probs; drop --tis / --icepop")
         self._check_opd()
-        if self.tis and self.old_log_probs == "rollout":
-            raise ValueError("tis corrects trainer-vs-rollout mismatch; it needs old_log_probs='trainer'")
-        if not 0 <= self.tis_clip_low <= self.tis_clip_high:
-            raise ValueError("need 0 <= tis_clip_low <= tis_clip_high")
+        if self.tis and self.icepop:
+            raise ValueError("--tis and --icepop are two corrections of the same mismatch; choose one")
+        if (self.tis or self.icepop) and self.old_log_probs == "rollout":
+            raise ValueError("tis/icepop correct trainer-vs-rollout mismatch; they need old_log_probs='trainer'")
+        if not 0 <= self.tis_clip_low <= self.tis_clip_high or self.tis_clip_high <= 0:
+            raise ValueError("need 0 <= tis_clip_low <= tis_clip_high and tis_clip_high > 0")
+        if not 0 < self.icepop_low <= self.icepop_high:
+            raise ValueError("need 0 < icepop_low <= icepop_high")
+
+    def correction(self) -> tuple[str, str, float, float] | None:
+        """The selected off-policy correction as (mode, level, low, high), or None."""
+        if self.icepop:
+            return "mask", "token", self.icepop_low, self.icepop_high
+        if self.tis:
+            return self.tis_mode, self.tis_level, self.tis_clip_low, self.tis_clip_high
+        return None
 
     def _check_opd(self) -> None:
         if not self.use_opd:

@@ -1,10 +1,12 @@
-"""Weight conversion between Hugging Face (Llama / Qwen2 / Qwen3) and Megatron-core GPTModel names.
+"""Weight conversion between Hugging Face (Llama / Qwen2 / Qwen3 / Qwen3-MoE) and Megatron-core GPTModel names.
 
 Both directions work on full (unsharded) tensors; `shard_for_rank` / `gather_shards` cut and join
 the tensor-parallel pieces for TP > 1. Megatron's fused QKV weight is laid out per query group:
 for each KV head g, the rows of its q heads, then k_g, then v_g. Megatron's fused fc1 is
 [gate; up]. The word embedding (and untied output layer) carry extra zero rows up to the padded
-vocab, dropped again on the way back, so HF -> Megatron -> HF is bit-exact.
+vocab, dropped again on the way back, so HF -> Megatron -> HF is bit-exact. MoE layers use the
+checkpoint's per-expert names (`mlp.experts.E.gate_proj`, ..., router `mlp.gate`), the layout
+Qwen3-MoE checkpoints are published in and `save_pretrained` writes.
 """
 
 from __future__ import annotations
@@ -63,8 +65,33 @@ def hf_to_megatron(hf: Tensors, shape: ModelShape) -> Tensors:
             out[m + "self_attention.k_layernorm.weight"] = hf[att + "k_norm.weight"].clone()
         out[m + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"].clone()
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
-        out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
-        out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"].clone()
+        out.update(_mlp_to_megatron(hf, h + "mlp.", m + "mlp.", shape))
+    return out
+
+
+def _mlp_to_megatron(hf: Tensors, h: str, m: str, shape: ModelShape) -> Tensors:
+    """One layer's MLP (h, m: the HF and Megatron `...mlp.` prefixes): dense, or router + experts."""
+    if not shape.num_experts:
+        return {m + "linear_fc1.weight": torch.cat([hf[h + "gate_proj.weight"], hf[h + "up_proj.weight"]]),
+                m + "linear_fc2.weight": hf[h + "down_proj.weight"].clone()}  # fmt: skip
+    out = {m + "router.weight": hf[h + "gate.weight"].clone()}
+    for e in range(shape.num_experts):
+        he, me = f"{h}experts.{e}.", f"{m}experts.local_experts.{e}."
+        out[me + "linear_fc1.weight"] = torch.cat([hf[he + "gate_proj.weight"], hf[he + "up_proj.weight"]])
+        out[me + "linear_fc2.weight"] = hf[he + "down_proj.weight"].clone()
+    return out
+
+
+def _mlp_from_megatron(mg: Tensors, m: str, h: str, shape: ModelShape) -> Tensors:
+    """Inverse of `_mlp_to_megatron`."""
+    pairs = [(m, h)] if not shape.num_experts else [
+        (f"{m}experts.local_experts.{e}.", f"{h}experts.{e}.") for e in range(shape.num_experts)
+    ]  # fmt: skip
+    out = {} if not shape.num_experts else {h + "gate.weight": mg[m + "router.weight"]}
+    for me, he in pairs:
+        gate, up = mg[me + "linear_fc1.weight"].chunk(2)
+        out[he + "gate_proj.weight"], out[he + "up_proj.weight"] = gate.contiguous(), up.contiguous()
+        out[he + "down_proj.weight"] = mg[me + "linear_fc2.weight"]
     return out
 
 
@@ -91,9 +118,7 @@ def megatron_to_hf(mg: Tensors, shape: ModelShape) -> Tensors:
             out[att + "k_norm.weight"] = mg[m + "self_attention.k_layernorm.weight"]
         out[att + "o_proj.weight"] = mg[m + "self_attention.linear_proj.weight"]
         out[h + "post_attention_layernorm.weight"] = mg[m + "pre_mlp_layernorm.weight"]
-        gate, up = mg[m + "mlp.linear_fc1.weight"].chunk(2)
-        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate.contiguous(), up.contiguous()
-        out[h + "mlp.down_proj.weight"] = mg[m + "mlp.linear_fc2.weight"]
+        out.update(_mlp_from_megatron(mg, m + "mlp.", h + "mlp.", shape))
     return out
 
 

@@ -7,6 +7,8 @@ tokens that are trained on; formulas are in docs/losses.md.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -78,11 +80,48 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
-def truncated_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, clip_low: float, clip_high: float) -> Tensor:
-    """Truncated importance sampling (TIS) between the trainer's and the engine's probabilities:
-    w = clamp(pi_trainer / pi_rollout, low, high), detached. Corrects for the rollout engine
-    sampling from slightly different numbers than the trainer computes."""
-    return (old_log_probs - rollout_log_probs).exp().clamp(clip_low, clip_high).detach()
+def rollout_log_ratio(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, level: str) -> Tensor:
+    """log rho = log pi_old - log pi_roll per token (token level), or the sum of it over each row's
+    trained tokens, given to every token of the row (sequence level: rho = prod_t rho_t)."""
+    log_ratio = (old_log_probs - rollout_log_probs) * mask
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        return log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
+    raise ValueError(f"unknown importance-sampling level {level!r}; expected 'token' or 'sequence'")
+
+
+def importance_weights(log_ratio: Tensor, low: float, high: float, mode: str) -> tuple[Tensor, Tensor]:
+    """Off-policy weights from log rho, detached, and where they differ from rho (1.0, else 0.0).
+
+    truncate (TIS): w = clamp(rho, low, high). mask (MIS, IcePop): w = rho inside [low, high], 0
+    outside, so a token the engine sampled from far other numbers carries no gradient at all.
+    Computed in log space: a sequence's product of ratios overflows float32 long before it matters.
+    """
+    log_ratio = log_ratio.detach()
+    log_low, log_high = (math.log(low) if low > 0 else -math.inf), math.log(high)
+    inside = (log_ratio >= log_low) & (log_ratio <= log_high)
+    if mode == "truncate":
+        weights = log_ratio.clamp(log_low, log_high).exp()
+    elif mode == "mask":
+        weights = torch.where(inside, log_ratio.exp(), torch.zeros_like(log_ratio))
+    else:
+        raise ValueError(f"unknown importance-sampling mode {mode!r}; expected 'truncate' or 'mask'")
+    return weights, (~inside).float()
+
+
+def off_policy_correction(
+    cfg: LossConfig, old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The per-token weights of `cfg`'s correction (TIS, MIS or IcePop) and the fraction of trained
+    tokens they clip (`is_clip_fraction`, truncate) or mask (`is_mask_fraction`)."""
+    correction = cfg.correction()
+    assert correction is not None  # the trainer only calls this with a correction selected
+    mode, level, low, high = correction
+    log_ratio = rollout_log_ratio(old_log_probs, rollout_log_probs, mask, level)
+    weights, changed = importance_weights(log_ratio, low, high, mode)
+    name = "is_clip_fraction" if mode == "truncate" else "is_mask_fraction"
+    return weights, {name: masked_mean(changed, mask)}
 
 
 def aggregate(per_token: Tensor, mask: Tensor, mode: str, normalizer: float) -> Tensor:

@@ -1,9 +1,11 @@
-"""Megatron-core `GPTModel` built from a Hugging Face config (Llama, Qwen2, Qwen3 families).
+"""Megatron-core `GPTModel` built from a Hugging Face config (Llama, Qwen2, Qwen3, Qwen3-MoE).
 
 The layer spec is Megatron's local (non-Transformer-Engine) spec with one change: the core
 attention is `SDPACoreAttention`, a thin wrapper over `torch.nn.functional.scaled_dot_product_attention`
 that runs on CPU and GPU alike (causal, GQA-aware). Batches are right-padded, so causal
-attention never lets a real token see padding and no attention mask is needed.
+attention never lets a real token see padding and no attention mask is needed. Qwen3-MoE layers
+are Megatron's `MoELayer` (top-k softmax router, SequentialMLP experts, all-gather dispatcher,
+expert parallel 1) with `HostTopKRouter` as the router.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 from torch import Tensor
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 _SUPPORTED_ROPE = ("default", "linear", "llama3")
 
 
@@ -79,6 +82,19 @@ class HostRotaryEmbedding(RotaryEmbedding):
         return emb[:, None, None, :]
 
 
+class HostTopKRouter(TopKRouter):
+    """Megatron's top-k router with a plain linear gate.
+
+    megatron-core 0.16.1's `TopKRouter.gating` moves a CPU weight to `torch.cuda.current_device()`
+    and computes the logits through a helper that names Transformer Engine's GEMM without
+    importing it (a NameError where TE is absent, on CPU and GPU alike). The logits are the same
+    linear map, in the input's dtype as Megatron's default `moe_router_dtype` has them.
+    """
+
+    def gating(self, input: Tensor) -> Tensor:
+        return F.linear(input, self.weight.to(input.dtype), None if self.bias is None else self.bias.to(input.dtype))
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The HF facts the converter needs besides the state dict."""
@@ -94,6 +110,9 @@ class ModelShape:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    num_experts: int = 0  # 0: dense MLPs
+    experts_per_token: int = 0
+    moe_ffn_hidden_size: int = 0
 
 
 def model_shape(hf_config, tensor_parallel: int = 1) -> ModelShape:
@@ -112,7 +131,10 @@ def model_shape(hf_config, tensor_parallel: int = 1) -> ModelShape:
         padded_vocab_size=math.ceil(hf_config.vocab_size / multiple) * multiple,
         tie_word_embeddings=bool(hf_config.tie_word_embeddings),
         qkv_bias=hf_config.model_type == "qwen2",
-        qk_norm=hf_config.model_type == "qwen3",
+        qk_norm=hf_config.model_type in ("qwen3", "qwen3_moe"),
+        num_experts=getattr(hf_config, "num_experts", 0) or 0,
+        experts_per_token=getattr(hf_config, "num_experts_per_tok", 0) or 0,
+        moe_ffn_hidden_size=getattr(hf_config, "moe_intermediate_size", 0) or 0,
     )
 
 
@@ -128,6 +150,7 @@ def transformer_config(
         # Llama/Qwen3 attention_bias also puts a bias on o_proj, which Megatron's spec cannot hold.
         raise ValueError(f"attention_bias=True is not supported for {shape.model_type}")
     return TransformerConfig(
+        **_moe_config(hf_config, shape),
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         ffn_hidden_size=hf_config.intermediate_size,
@@ -158,6 +181,48 @@ def transformer_config(
     )
 
 
+def _moe_config(hf_config, shape: ModelShape) -> dict:
+    """Megatron's MoE fields for a Qwen3-MoE config (none for a dense model)."""
+    if not shape.num_experts:
+        return {}
+    if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(hf_config, "mlp_only_layers", None):
+        raise ValueError("Qwen3-MoE with dense layers between the MoE ones (decoder_sparse_step, mlp_only_layers)")
+    return dict(
+        num_moe_experts=shape.num_experts,
+        moe_router_topk=shape.experts_per_token,
+        moe_ffn_hidden_size=shape.moe_ffn_hidden_size,
+        # HF: softmax over all experts, top-k, renormalised when norm_topk_prob, which equals
+        # Megatron's softmax over the top-k logits; without it, Megatron's pre-softmax top-k.
+        moe_router_pre_softmax=not hf_config.norm_topk_prob,
+        moe_router_score_function="softmax",
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=hf_config.router_aux_loss_coef,
+        # alltoall creates a CUDA stream when built; at expert parallel 1 all-gather moves nothing.
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,
+    )
+
+
+def start_moe_step(micro_batches: int, data_parallel: int, device: torch.device) -> None:
+    """Zero Megatron's aux-loss tracker and scale the aux loss's gradient for one optimizer step.
+
+    Megatron adds the load-balancing loss's gradient in backward, once per micro-batch and rank;
+    the scale 1 / (micro-batches x data-parallel ranks) makes it the mean over the step, as the
+    policy loss is (each micro-batch's policy loss is already its share of the global batch)."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler, clear_aux_losses_tracker
+
+    clear_aux_losses_tracker()
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / (micro_batches * data_parallel), device=device))
+
+
+def moe_aux_loss(num_layers: int, micro_batches: int) -> float:
+    """This rank's load-balancing loss of the step (before its coefficient), mean over layers and micro-batches."""
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    tracked = get_moe_layer_wise_logging_tracker().get("load_balancing_loss")
+    return 0.0 if tracked is None else tracked["values"].sum().item() / (num_layers * micro_batches)
+
+
 def rope_inv_freq(hf_config) -> Tensor:
     """HF's inverse RoPE frequencies (default, linear and llama3 scaling) for Megatron to use as-is."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -175,9 +240,11 @@ def rope_inv_freq(hf_config) -> Tensor:
     return inv_freq.float()
 
 
-def layer_spec(qk_norm: bool) -> ModuleSpec:
+def layer_spec(qk_norm: bool, num_experts: int = 0) -> ModuleSpec:
     """Megatron's local (no Transformer Engine) layer spec with SDPA as core attention."""
-    spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(
+        num_experts=num_experts or None, moe_grouped_gemm=False, qk_layernorm=qk_norm, normalization="RMSNorm"
+    )
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec
 
@@ -203,7 +270,7 @@ def build_gpt_model(
 
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(shape.qk_norm),
+        transformer_layer_spec=layer_spec(shape.qk_norm, shape.num_experts),
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -214,6 +281,9 @@ def build_gpt_model(
     )
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
     _keep_rotary_on_host(model, rope_inv_freq(hf_config), device, use_gpu)
+    if shape.num_experts:
+        for layer in model.decoder.layers:
+            layer.mlp.router.__class__ = HostTopKRouter  # instance-local, as the rotary embedding's
     return model.to(device)
 
 

@@ -34,7 +34,7 @@ from slimeish.trainer.distributed import (
     init_distributed,
 )
 from slimeish.trainer.forward import response_log_probs
-from slimeish.trainer.model import build_gpt_model, model_shape
+from slimeish.trainer.model import build_gpt_model, model_shape, moe_aux_loss, start_moe_step
 from slimeish.trainer.optimizer import (
     build_cpu_optimizer,
     build_gpu_optimizer,
@@ -137,9 +137,9 @@ class Trainer:
         return metrics
 
     def _check_rollout_log_probs(self, samples: Sequence[Sample]) -> None:
-        needs = self.loss_config.old_log_probs == "rollout" or self.loss_config.tis
+        needs = self.loss_config.old_log_probs == "rollout" or self.loss_config.correction() is not None
         if needs and any(s.rollout_log_probs is None for s in samples):
-            raise ValueError("old_log_probs='rollout' and tis need rollout_log_probs on every sample")
+            raise ValueError("old_log_probs='rollout', tis and icepop need rollout_log_probs on every sample")
         if self.loss_config.use_opd:
             check_teacher_log_probs(samples)
 
@@ -153,7 +153,10 @@ class Trainer:
         self.model.train()
         self._zero_grad()
         sums: dict[str, float] = defaultdict(float)
-        for mb in pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine]):
+        micro_batches = pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine])
+        if self.shape.num_experts:
+            start_moe_step(max(len(micro_batches), 1), world, self.device)
+        for mb in micro_batches:
             old_mb = None if old is None else _rows(mb, [old[i] for i in mine])
             self._micro_batch(mb.to(self.device), old_mb, normalizer, sums)
         grad_norm = self._apply_gradients()
@@ -164,7 +167,10 @@ class Trainer:
             metrics["rollout_kl"] = sums["_rollout_kl"] / sums["_is_tokens"]
             metrics["is_weight_mean"] = sums["_is_weight"] / sums["_is_tokens"]
             metrics["is_weight_max"] = sums["_is_weight_max"]
+            metrics["rollout_logprob_abs_diff_mean"] = sums["_abs_diff"] / sums["_is_tokens"]
             metrics["rollout_logprob_abs_diff_max"] = sums["_abs_diff_max"]
+        if self.shape.num_experts:
+            metrics["moe_aux_loss"] = moe_aux_loss(self.shape.num_layers, max(len(micro_batches), 1))
         self.state.step += 1
         return metrics
 
@@ -189,10 +195,10 @@ class Trainer:
         per_token, stats = L.policy_loss(cfg, log_p, old, advantages, mask)
         if cfg.use_opd:
             stats["opd_kl"] = L.masked_mean(reverse_kl, mask)
-        if cfg.tis:
-            per_token = per_token * L.truncated_is_weights(
-                trainer_old, mb.rollout_log_probs, cfg.tis_clip_low, cfg.tis_clip_high
-            )
+        if cfg.correction() is not None:
+            weights, correction_stats = L.off_policy_correction(cfg, trainer_old, mb.rollout_log_probs, mask)
+            per_token = per_token * weights
+            stats.update(correction_stats)
         stats["pg_loss"] = L.masked_mean(per_token, mask).detach()
         if self.reference is not None:
             with torch.no_grad():
@@ -224,6 +230,7 @@ class Trainer:
         sums["_rollout_kl"] += diff.sum().item()  # k1 estimate of KL(rollout || trainer)
         sums["_is_weight"] += weight.sum().item()
         sums["_is_weight_max"] = max(sums["_is_weight_max"], weight.max().item())
+        sums["_abs_diff"] += diff.abs().sum().item()
         sums["_abs_diff_max"] = max(sums["_abs_diff_max"], diff.abs().max().item())
 
     def _zero_grad(self) -> None:

@@ -88,9 +88,81 @@ def test_entropy_of_uniform_and_peaked():
     torch.testing.assert_close(ent, torch.tensor([math.log(4), 0.0]))
 
 
+def test_rollout_log_ratio_per_token_and_per_sequence():
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-0.5, -2.0, 0.0]])
+    rollout = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the last token is not trained: not in the product
+    token = L.rollout_log_ratio(old, rollout, mask, "token")
+    torch.testing.assert_close(token, torch.tensor([[0.0, 1.0, -0.5], [0.5, -1.0, 0.0]]))
+    sequence = L.rollout_log_ratio(old, rollout, mask, "sequence")
+    torch.testing.assert_close(sequence, torch.tensor([[0.5] * 3, [-0.5] * 3]))
+
+
 def test_truncated_importance_weights():
-    w = L.truncated_is_weights(torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([-1.0, -2.0, -0.5]), 0.0, 2.0)
+    w, clipped = L.importance_weights(torch.tensor([0.0, 1.0, -0.5]), 0.0, 2.0, "truncate")
     torch.testing.assert_close(w, torch.tensor([1.0, 2.0, math.exp(-0.5)]))  # e^1 truncated to 2
+    assert clipped.tolist() == [0.0, 1.0, 0.0]
+    w, clipped = L.importance_weights(torch.tensor([0.0, 1.0, -0.5]), 0.7, 2.0, "truncate")
+    torch.testing.assert_close(w, torch.tensor([1.0, 2.0, 0.7]))  # e^-0.5 = 0.61 raised to 0.7
+    assert clipped.tolist() == [0.0, 1.0, 1.0]
+
+
+def test_masked_importance_weights_drop_tokens_outside_the_band():
+    w, masked = L.importance_weights(torch.tensor([0.0, 1.0, -0.5, -1.0]), 0.5, 2.0, "mask")
+    torch.testing.assert_close(w, torch.tensor([1.0, 0.0, math.exp(-0.5), 0.0]))  # e = 2.72 > 2, e^-1 = 0.37 < 0.5
+    assert masked.tolist() == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_sequence_weights_stay_finite_where_the_product_overflows():
+    log_ratio = torch.tensor([[200.0, 200.0], [0.25, 0.25]])  # e^200 is inf in float32
+    w, clipped = L.importance_weights(log_ratio, 0.0, 2.0, "truncate")
+    torch.testing.assert_close(w, torch.tensor([[2.0, 2.0], [math.exp(0.25)] * 2]))
+    assert clipped.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+    w, masked = L.importance_weights(log_ratio, 0.0, 2.0, "mask")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0], [math.exp(0.25)] * 2]))
+    assert masked.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "weights", "stat", "fraction"),
+    [
+        # log rho per token: 0, 1, -0.5 and, on the untrained 4th token, 0 (its rollout log-prob is ignored);
+        # per sequence: 0.5, the sum over the trained three
+        (LossConfig(tis=True), [1.0, 2.0, math.exp(-0.5), 1.0], "is_clip_fraction", 1 / 3),
+        (LossConfig(tis=True, tis_mode="mask"), [1.0, 0.0, math.exp(-0.5), 1.0], "is_mask_fraction", 1 / 3),
+        (LossConfig(tis=True, tis_level="sequence"), [math.exp(0.5)] * 4, "is_clip_fraction", 0.0),
+        (LossConfig(tis=True, tis_level="sequence", tis_clip_high=1.5), [1.5] * 4, "is_clip_fraction", 1.0),
+        (
+            LossConfig(tis=True, tis_mode="mask", tis_level="sequence", tis_clip_high=1.5),
+            [0.0] * 4,
+            "is_mask_fraction",
+            1.0,
+        ),
+        # IcePop's band [0.5, 5] keeps e = 2.7 and e^-0.5 = 0.61; raising alpha to 0.7 masks the latter
+        (LossConfig(icepop=True), [1.0, math.e, math.exp(-0.5), 1.0], "is_mask_fraction", 0.0),
+        (LossConfig(icepop=True, icepop_low=0.7), [1.0, math.e, 0.0, 1.0], "is_mask_fraction", 1 / 3),
+    ],
+)
+def test_off_policy_corrections_by_config(cfg, weights, stat, fraction):
+    old = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
+    rollout = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    w, stats = L.off_policy_correction(cfg, old, rollout, mask)
+    torch.testing.assert_close(w, torch.tensor([weights]))
+    assert set(stats) == {stat} and stats[stat].item() == pytest.approx(fraction)
+
+
+def test_a_masked_token_gets_no_gradient():
+    """PPO at ratio 1 with A = 1: d loss / d log pi = -w per token, so IcePop's masked token gets 0."""
+    log_p = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
+    rollout = torch.tensor([[-1.0, -3.0, -1.5]])  # rho = 1, e^2 (masked), e^0.5
+    mask, adv = torch.ones(1, 3), torch.ones(1, 3)
+    cfg = LossConfig(icepop=True)
+    per_token, _ = L.policy_loss(cfg, log_p, log_p.detach(), adv, mask)
+    w, _ = L.off_policy_correction(cfg, log_p.detach(), rollout, mask)
+    L.aggregate(per_token * w, mask, "token", normalizer=1.0).backward()
+    assert log_p.grad is not None
+    torch.testing.assert_close(log_p.grad, torch.tensor([[-1.0, 0.0, -math.exp(0.5)]]))
 
 
 def test_token_and_sequence_aggregation():
@@ -115,6 +187,14 @@ def test_loss_config_rejects_bad_values():
         LossConfig(dual_clip_c=0.5)
     with pytest.raises(ValueError):
         LossConfig(tis=True, old_log_probs="rollout")
+    with pytest.raises(ValueError, match="icepop"):
+        LossConfig(icepop=True, old_log_probs="rollout")
+    with pytest.raises(ValueError, match="choose one"):
+        LossConfig(tis=True, icepop=True)
+    with pytest.raises(ValueError, match="icepop_low"):
+        LossConfig(icepop=True, icepop_low=0.0)
+    with pytest.raises(ValueError, match="tis_clip_high > 0"):
+        LossConfig(tis=True, tis_clip_high=0.0)
 
 
 def test_split_episode_counts_once_in_its_group_baseline():
@@ -139,6 +219,8 @@ def test_sft_loss_is_the_nll_of_the_trained_tokens_and_ignores_advantages():
     assert log_p.grad is not None and log_p.grad.tolist() == [[-0.5, -0.5, 0.0]]  # raises the targets' likelihood
     with pytest.raises(ValueError, match="drop --tis"):
         LossConfig(loss_type="sft_loss", tis=True)
+    with pytest.raises(ValueError, match="--icepop"):
+        LossConfig(loss_type="sft_loss", icepop=True)
 
 
 def test_opd_lowers_each_advantage_by_the_reverse_kl_and_its_gradient_follows():

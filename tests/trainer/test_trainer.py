@@ -108,6 +108,31 @@ def test_bad_samples_are_rejected(trainer):
         )
 
 
+@pytest.mark.parametrize(
+    ("loss", "stat"),
+    [
+        (LossConfig(tis=True), "is_clip_fraction"),
+        (LossConfig(icepop=True), "is_mask_fraction"),
+        (LossConfig(tis=True, tis_mode="mask", tis_level="sequence"), "is_mask_fraction"),
+    ],
+)
+def test_a_step_reports_its_off_policy_correction(tiny_model, loss, stat):
+    """The engine's log-probs are the trainer's less 2 nats on every third response token, so those
+    tokens' rho = e^2 = 7.4 lies beyond TIS's 2 and IcePop's 5: they are the clipped/masked ones. Per
+    sequence every sample holds such a token (its first), so MIS masks all of them and nothing moves."""
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=1e-3), loss)
+    samples = random_samples(2, 3, seed=7)
+    for s, log_p in zip(samples, trainer.compute_log_probs(samples), strict=True):
+        s.rollout_log_probs = [x - 2.0 * (t % 3 == 0) for t, x in enumerate(log_p)]
+    shifted = sum(len(range(0, s.response_length, 3)) for s in samples) / sum(s.response_length for s in samples)
+    metrics = trainer.train_step(samples)
+    sequence = loss.tis_level == "sequence"
+    assert metrics[stat] == pytest.approx(1.0 if sequence else shifted)
+    assert metrics["rollout_logprob_abs_diff_max"] == pytest.approx(2.0, abs=1e-4)
+    assert metrics["rollout_logprob_abs_diff_mean"] == pytest.approx(2.0 * shifted, abs=1e-4)
+    assert (metrics["grad_norm"] == 0.0) == sequence
+
+
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_micro_batching_gives_the_full_batch_gradient(tiny_model, aggregation):
     samples = random_samples(2, 3, seed=5)

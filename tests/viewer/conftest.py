@@ -130,7 +130,11 @@ async def train_steps(buffer_url: str, run_dir: Path) -> None:
             taken = await buf.take_groups(1, consumer="trainer-0", current_version=0)
             ledger.record(step, taken.groups)
             samples = [s for g in taken.groups for s in g.samples]
-            metrics.log(step, batch_metrics(samples, 0) | {"time/rollout": 0.5 + step, "train/loss": 0.1 * step})
+            metrics.log(
+                step,
+                batch_metrics(samples, 0)
+                | {"time/rollout": 0.5 + step, "train/loss": 0.1 * step, "train/is_mask_fraction": 0.01 * step},
+            )
             await buf.ack([g.group_id for g in taken.groups])
 
 

@@ -45,7 +45,9 @@ def test_runs_run_step_and_sessions_pages_render(page, demo_run):
     page.get_by_role("link", name=RUN_ID).click()
     page.wait_for_selector("#steps table")
     titles = page.locator("svg.chart .chart-title").all_text_contents()
-    assert {"reward", "response length", "seconds per phase", "loss"} <= set(titles)
+    assert {"reward", "response length", "seconds per phase", "loss", "off-policy correction"} <= set(titles)
+    correction = page.locator('svg.chart[aria-label="off-policy correction"]')
+    assert correction.locator("circle.point").count() == 2 and "train/is_mask_fraction" in correction.text_content()
     assert page.locator("svg.chart circle.point").count() >= 4
     page.locator('svg.chart circle.point[data-step="1"]').first.click()  # a point on a chart -> its step
     page.wait_for_selector("div.group")

@@ -54,6 +54,9 @@ const CHARTS = [
   ["segment splits by reason", (k) => k.startsWith("rollout/segments_split/")],
   ["seconds per phase", (k) => k.startsWith("time/")],
   ["loss", (k) => k === "train/loss"],
+  // --tis / --icepop: the fraction of trained tokens whose weight was clipped or masked
+  ["off-policy correction", (k) => k === "train/is_clip_fraction" || k === "train/is_mask_fraction"],
+  ["|Δ log-prob| trainer vs engine", (k) => /^train\/rollout_logprob_abs_diff_(mean|max)$/.test(k)],
 ];
 
 function runCharts(rows, onPoint) {
