@@ -129,7 +129,10 @@ class ModelRunner:
         slots = self._slots(pages, kv_len)
         self.cache._set_step(slots.gather(1, positions).flatten(), slots)
         # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
-        visible = (torch.arange(kv_len, device=self.device) <= positions[:, :, None])[:, None]
+        # Additive, built once: SDPA would otherwise turn a boolean mask into this in every layer.
+        masked = (torch.arange(kv_len, device=self.device) > positions[:, :, None])[:, None]
+        mask = torch.zeros(masked.shape, dtype=self.model.dtype, device=self.device)
+        mask.masked_fill_(masked, torch.finfo(mask.dtype).min)
         # The decoder stack driven directly (as `model.model.forward` does), minus its per-call
         # mask building and output bookkeeping, which cost more than the layers for small models.
         inner = self.model.model
@@ -137,7 +140,7 @@ class ModelRunner:
         rope = inner.rotary_emb(hidden, positions)
         for layer in inner.layers:
             hidden = layer(
-                hidden, attention_mask=visible, position_ids=positions, past_key_values=self.cache,
+                hidden, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
                 position_embeddings=rope,
             )  # fmt: skip
         return hidden
