@@ -53,7 +53,8 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def generate(client: httpx.Client, prompt: list[int], new_tokens: int) -> tuple[dict, float]:
-    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    body = {"input_ids": prompt, "sampling_params": params}
     start = time.perf_counter()
     r = client.post("/generate", json=body)
     assert r.status_code == 200, r.text
