@@ -189,6 +189,7 @@ class Scheduler:
                 if not seq.prefilling:
                     done.append((seq, logits))
         for seq, _ in done:
+            self._cache(seq)  # a twin prompt arriving while this one decodes (n > 1, retries) reuses it
             if seq.req.max_new_tokens == 0:  # a scoring request: the prompt's log-probs only
                 self._finish(seq, {"type": "length", "length": 0})
         generating = [(s, lg) for s, lg in done if not s.finished]
@@ -257,12 +258,17 @@ class Scheduler:
             seq.text = seq.text[: seq.text.index(matched)]
         seq.notify(seq)
 
+    def _cache(self, seq: Sequence) -> None:
+        """Put the full pages of `seq`'s KV into the prefix cache. They are never written again:
+        a sequence only writes positions past its KV, in its last (partial, uncached) page or new ones."""
+        if self.cfg.prefix_cache and seq.epoch == self.epoch:
+            self.pool.insert((seq.req.input_ids + seq.output_ids)[: seq.kv_len], seq.pages)
+
     def _retire(self) -> None:
         """Drop finished sequences from the running batch; their full pages go to the prefix cache."""
         for seq in self.running:
             if seq.finished:
-                if self.cfg.prefix_cache and seq.epoch == self.epoch:
-                    self.pool.insert((seq.req.input_ids + seq.output_ids)[: seq.kv_len], seq.pages)
+                self._cache(seq)
                 self.pool.release(seq.pages)
                 self.reserved -= seq.reserved
                 seq.pages, seq.reserved = [], 0

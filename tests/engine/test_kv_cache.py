@@ -137,3 +137,21 @@ def test_requests_wait_for_pages_instead_of_failing(tiny_model, hf_model):
     for seq in finished:
         assert len(seq.output_ids) == 14 and seq.finish_reason == {"type": "length", "length": 14}
         assert_exact(hf_model, seq)
+
+
+def test_a_prompt_is_shared_as_soon_as_it_is_prefilled(tiny_model, hf_model):
+    """A twin of a prompt that is still decoding (a retry, the next member of a group) reuses its pages."""
+    sched = make_scheduler(tiny_model)
+    prompt = list(range(50, 73))  # 23 tokens: 5 full pages of 4
+    finished: list[Sequence] = []
+    for i in range(2):
+        params = SamplingParams(max_new_tokens=10, temperature=0.8, ignore_eos=True)
+        req = SequenceRequest(f"r{i}", i, prompt, params, i, True, False, 10)
+        sched.submit(req, lambda s: s.finished and finished.append(s))
+        sched.step()
+    while not sched.idle:
+        sched.step()
+    first, twin = sorted(finished, key=lambda s: s.req.index)
+    assert (first.cached_tokens, twin.cached_tokens) == (0, 20)
+    for seq in (first, twin):
+        assert_exact(hf_model, seq)
