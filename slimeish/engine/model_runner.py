@@ -48,11 +48,16 @@ class PagedKV:
         self.write, self.read = write, read
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write this step's K/V (`[n, kv_heads, width, head_dim]`) and return what each sequence sees."""
+        """Write this step's K/V (`[n, kv_heads, width, head_dim]`) and return what each sequence sees.
+        `index_copy_`/`index_select` over the flat slots: an order of magnitude faster on CPU than
+        advanced indexing with the 2D slot table."""
         n, heads, width, dim = key.shape
-        self.keys[layer_idx][self.write] = key.transpose(1, 2).reshape(n * width, heads, dim)
-        self.values[layer_idx][self.write] = value.transpose(1, 2).reshape(n * width, heads, dim)
-        return self.keys[layer_idx][self.read].transpose(1, 2), self.values[layer_idx][self.read].transpose(1, 2)
+        kv_len = self.read.shape[1]
+        out = []
+        for buf, new in ((self.keys[layer_idx], key), (self.values[layer_idx], value)):
+            buf.index_copy_(0, self.write, new.transpose(1, 2).reshape(n * width, heads, dim))
+            out.append(buf.index_select(0, self.read.flatten()).view(n, kv_len, heads, dim).transpose(1, 2))
+        return out[0], out[1]
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
