@@ -17,10 +17,21 @@ class EngineConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = help_field(
         "auto", help="parameter/KV dtype; auto keeps the checkpoint's dtype (float32 on CPU if it is half)"
     )
-    max_running_requests: int = help_field(64, help="KV cache slots: sequences decoded together in one step")
+    max_running_requests: int = help_field(64, help="sequences running (decoded together) at most")
     context_length: int | None = help_field(
-        None, help="max prompt + output tokens per sequence (default: the model's, capped at 4096)"
+        None, help="max prompt + output tokens per sequence (default: the model's max_position_embeddings)"
     )
+    max_total_tokens: int | None = help_field(
+        None, help="KV pool size in tokens, for running sequences and the prefix cache (over --mem-fraction-static)"
+    )
+    mem_fraction_static: float = help_field(
+        0.1, help="without --max-total-tokens, the KV pool's share of the device's memory (CPU: physical RAM)"
+    )
+    page_size: int = help_field(16, help="tokens per KV page: the unit of allocation and of prefix-cache matches")
+    chunked_prefill_size: int = help_field(
+        2048, help="prompt tokens per prefill forward: attention memory is O(chunk x context), never prompt^2"
+    )
+    disable_radix_cache: bool = help_field(False, help="no prefix cache: every prompt is prefilled in full")
     max_request_sequences: int = help_field(
         256, help="sequences one /generate request may ask for (prompts x n); more is a 400, not a stalled engine"
     )

@@ -1,15 +1,16 @@
-"""The model runner: a Hugging Face causal LM plus a slot-based KV cache, one batched forward per step.
+"""The model runner: a Hugging Face causal LM plus a paged KV cache, one forward per call.
 
 The model's own modules run the forward (embedding, decoder layers, rotary, norm, head), so any
 Llama / Qwen2 / Qwen3 checkpoint works unchanged. Two things are ours:
 
-* `SlotKVCache` replaces HF's cache. It is preallocated as `[rows, kv_heads, context, head_dim]`
-  per layer; sequence `i` of the running batch lives in row `i`. Rows are kept compact (a finished
-  sequence's row is filled by moving the last one in), so a decode step reads the contiguous view
-  `[:batch, :, :longest]` without gathering, and appending a token is one indexed write.
-* The attention mask is built here, once per step, and handed to every layer: a key position is
-  visible to a query iff it is at or before the query's own position. Padding in a batched prefill
-  therefore writes KV entries beyond a prompt's end that nothing reads before decode overwrites them.
+* `PagedKV` replaces HF's cache: per layer one pool of token slots `[slots, kv_heads, head_dim]`,
+  handed out in pages (`kv_cache.PagePool` keeps the books). A sequence's KV is wherever its page
+  table says; each forward writes the new tokens' K/V into their slots and gathers, per sequence,
+  the slots of every position it attends to. Memory grows with the tokens actually held, not with
+  rows x context, and pages can be shared (the prefix cache).
+* The attention mask is built here, once per forward, and handed to every layer: a key position is
+  visible to a query iff it is at or before the query's own position. It is `[n, 1, queries,
+  keys]`: one prompt chunk, or one token per decoding sequence, never a whole prompt squared.
 """
 
 from __future__ import annotations
@@ -26,37 +27,49 @@ _SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
 _LOGPROB_CHUNK = 256
 
 
-class SlotKVCache:
-    """Per-layer K/V buffers indexed by batch row; duck-types the `update` of a transformers Cache."""
+class PagedKV:
+    """Per-layer K/V slot pools; duck-types the `update` of a transformers Cache for one forward."""
 
-    def __init__(self, n_layers: int, rows: int, kv_heads: int, context: int, head_dim: int, dtype, device):
-        shape = (rows, kv_heads, context, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self._rows = torch.arange(rows, device=device)
-        self._set_step(0, torch.zeros(0, 1, dtype=torch.long, device=device), 0)
+    def __init__(self, n_layers: int, slots: int, kv_heads: int, head_dim: int, dtype, device):
+        # `empty`, not `zeros`: on CPU the pool is then only backed by memory as pages get used.
+        # Slots a mask hides still enter attention as 0 x value, so a page is zeroed when handed
+        # out (`clear`): uninitialised memory may hold NaN, and 0 x NaN is NaN.
+        self.keys = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self._set_step(torch.zeros(0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long))
 
-    def _set_step(self, first_row: int, positions: torch.Tensor, kv_len: int) -> None:
-        self.first_row, self.positions, self.kv_len = first_row, positions, kv_len
+    def clear(self, slots: torch.Tensor) -> None:
+        for buf in (*self.keys, *self.values):
+            buf[slots] = 0
+
+    def _set_step(self, write: torch.Tensor, read: torch.Tensor) -> None:
+        """`write`: the slot of each new token (`[n * width]`); `read`: per sequence, the slot of
+        every key position (`[n, kv_len]`, padded with any valid slot that the mask hides)."""
+        self.write, self.read = write, read
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write this step's K/V (`[n, kv_heads, t, head_dim]`) and return everything visible."""
-        n = key.shape[0]
-        rows = self._rows[self.first_row : self.first_row + n, None]
-        self.keys[layer_idx][rows, :, self.positions] = key.transpose(1, 2)
-        self.values[layer_idx][rows, :, self.positions] = value.transpose(1, 2)
-        span = slice(self.first_row, self.first_row + n)
-        return self.keys[layer_idx][span, :, : self.kv_len], self.values[layer_idx][span, :, : self.kv_len]
+        """Write this step's K/V (`[n, kv_heads, width, head_dim]`) and return what each sequence sees.
+        `index_copy_`/`index_select` over the flat slots: an order of magnitude faster on CPU than
+        advanced indexing with the 2D slot table."""
+        n, heads, width, dim = key.shape
+        kv_len = self.read.shape[1]
+        out = []
+        for buf, new in ((self.keys[layer_idx], key), (self.values[layer_idx], value)):
+            buf.index_copy_(0, self.write, new.transpose(1, 2).reshape(n * width, heads, dim))
+            out.append(buf.index_select(0, self.read.flatten()).view(n, kv_len, heads, dim).transpose(1, 2))
+        return out[0], out[1]
 
-    def move_row(self, src: int, dst: int) -> None:
-        for buf in (*self.keys, *self.values):
-            buf[dst] = buf[src]
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
 
 
 class ModelRunner:
-    """Loads a checkpoint and runs batched prefill/decode forwards against a `SlotKVCache`."""
+    """Loads a checkpoint and runs prefill chunks and batched decodes against a `PagedKV`."""
 
-    def __init__(self, model_path: str, *, device: str, dtype: str, rows: int, context_length: int | None):
+    def __init__(self, model_path: str, *, device: str, dtype: str, context_length: int | None = None):
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = _load_model(model_path, self.device, dtype)
@@ -66,42 +79,65 @@ class ModelRunner:
         if getattr(cfg, "use_sliding_window", False):
             raise ValueError("sliding-window attention is not supported by the embedded engine")
         self.vocab_size = int(cfg.vocab_size)
-        self.context_length = min(context_length or min(cfg.max_position_embeddings, 4096), cfg.max_position_embeddings)
+        self.context_length = min(context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.kv_bytes_per_token = kv_bytes_per_token(cfg, self.model.dtype)
+        self.cache: PagedKV | None = None
+        self.page_size = self._pad_page = 0  # set by allocate_kv
+
+    def allocate_kv(self, num_pages: int, page_size: int) -> None:
+        """The KV pool: `num_pages` pages of `page_size` token slots per layer."""
+        cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.cache = SlotKVCache(
-            cfg.num_hidden_layers, rows, cfg.num_key_value_heads, self.context_length, head_dim,
+        self.page_size = page_size
+        # one page more than the pool hands out: page `num_pages`, zeroed, pads the shorter
+        # sequences of a decode batch
+        self.cache = PagedKV(
+            cfg.num_hidden_layers, (num_pages + 1) * page_size, cfg.num_key_value_heads, head_dim,
             self.model.dtype, self.device,
         )  # fmt: skip
-        self._arange = torch.arange(self.context_length, device=self.device)
+        self._offsets = torch.arange(page_size, device=self.device)
+        self._pad_page = num_pages
+        self.clear_pages([num_pages])
+
+    def clear_pages(self, pages: list[int]) -> None:
+        """Zero pages about to be handed out (see `PagedKV.clear`)."""
+        assert self.cache is not None, "allocate_kv first"
+        self.cache.clear((torch.tensor(pages, device=self.device)[:, None] * self.page_size + self._offsets).flatten())
 
     @torch.inference_mode()
-    def forward(self, tokens: list[list[int]], first_row: int, starts: list[int]) -> torch.Tensor:
-        """Run `tokens[i]` (continuing at position `starts[i]`) in row `first_row + i`.
-
-        Returns the logits (float32) at each sequence's last given token, shape `[n, vocab]`.
-        """
-        return self._head(self._last(self._layers(tokens, first_row, starts), tokens))
+    def decode_step(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
+        """One token per sequence: `tokens[i]` at `positions[i]`, its KV in `pages[i]`.
+        Returns the next-token logits (float32), `[n, vocab]`."""
+        return self._head(self._layers([[t] for t in tokens], positions, pages)[:, 0])
 
     @torch.inference_mode()
     def prefill(
-        self, prompts: list[list[int]], first_row: int, logprobs_from: list[int]
-    ) -> tuple[torch.Tensor, list[list[float]]]:
-        """`forward` over whole prompts, plus each prompt's own token log-probs at positions
-        `>= max(logprobs_from[i], 1)` (position 0 has none: nothing precedes it)."""
-        hidden = self._layers(prompts, first_row, [0] * len(prompts))
-        pairs = enumerate(zip(prompts, logprobs_from, strict=True))
-        prompt_logprobs = [self._token_logprobs(hidden[i], p, s) for i, (p, s) in pairs]
-        return self._head(self._last(hidden, prompts)), prompt_logprobs
+        self, prompt: list[int], start: int, end: int, pages: list[int], logprobs_from: int
+    ) -> tuple[torch.Tensor, list[float]]:
+        """The chunk `prompt[start:end]`, the KV of positions before `start` already in `pages`.
+        Returns the logits after the chunk's last token (float32, `[vocab]`) and the prompt's own
+        token log-probs that the chunk's hidden states give: log p(prompt[p] | prompt[:p]) for
+        `p` in `[start + 1, end]`, `p >= max(logprobs_from, 1)`, `p < len(prompt)`."""
+        hidden = self._layers([prompt[start:end]], [start], [pages])[0]
+        first = max(logprobs_from, 1, start + 1)
+        targets = prompt[first : end + 1]
+        return self._head(hidden[-1]), self._token_logprobs(hidden[first - 1 - start :], targets)
 
-    def _layers(self, tokens: list[list[int]], first_row: int, starts: list[int]) -> torch.Tensor:
-        """The decoder stack's hidden states `[n, width, hidden]` (before the final norm)."""
-        width = max(map(len, tokens))
-        ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=self.device)
-        positions = torch.tensor(starts, device=self.device)[:, None] + self._arange[:width]
+    def _layers(self, tokens: list[list[int]], starts: list[int], pages: list[list[int]]) -> torch.Tensor:
+        """The decoder stack's hidden states `[n, width, hidden]` (before the final norm); every
+        `tokens[i]` has the same width (one prompt chunk, or one token per decoding sequence)."""
+        assert self.cache is not None, "allocate_kv first"
+        ids = torch.tensor(tokens, device=self.device)
+        width = ids.shape[1]
+        positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(width, device=self.device)
         kv_len = max(starts) + width
+        slots = self._slots(pages, kv_len)
+        self.cache._set_step(slots.gather(1, positions).flatten(), slots)
         # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
-        visible = (self._arange[:kv_len] <= positions[:, :, None])[:, None]
-        self.cache._set_step(first_row, positions, kv_len)
+        # Additive, built once: SDPA would otherwise turn a boolean mask into this in every layer.
+        masked = (torch.arange(kv_len, device=self.device) > positions[:, :, None])[:, None]
+        mask = torch.zeros(masked.shape, dtype=self.model.dtype, device=self.device)
+        mask.masked_fill_(masked, torch.finfo(mask.dtype).min)
         # The decoder stack driven directly (as `model.model.forward` does), minus its per-call
         # mask building and output bookkeeping, which cost more than the layers for small models.
         inner = self.model.model
@@ -109,40 +145,35 @@ class ModelRunner:
         rope = inner.rotary_emb(hidden, positions)
         for layer in inner.layers:
             hidden = layer(
-                hidden, attention_mask=visible, position_ids=positions, past_key_values=self.cache,
+                hidden, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
                 position_embeddings=rope,
             )  # fmt: skip
         return hidden
 
-    def _last(self, hidden: torch.Tensor, tokens: list[list[int]]) -> torch.Tensor:
-        if hidden.shape[1] == 1:
-            return hidden[:, 0]
-        ends = torch.tensor([len(t) - 1 for t in tokens], device=self.device)
-        return hidden[torch.arange(len(tokens), device=self.device), ends]
+    def _slots(self, pages: list[list[int]], kv_len: int) -> torch.Tensor:
+        """`[n, kv_len]`: the pool slot of each position of each sequence (padded with the zeroed
+        pad page, which the mask hides)."""
+        n_pages = -(-kv_len // self.page_size)
+        rows = [p[:n_pages] + [self._pad_page] * (n_pages - len(p[:n_pages])) for p in pages]
+        table = torch.tensor(rows, device=self.device)
+        return (table[:, :, None] * self.page_size + self._offsets).flatten(1)[:, :kv_len]
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self.model.model.norm(hidden)).float()
 
-    def _token_logprobs(self, hidden: torch.Tensor, tokens: list[int], start: int) -> list[float]:
-        """log p(tokens[p] | tokens[:p]) for p in [max(start, 1), len): position p - 1 predicts p.
-        The head runs in chunks: a long prompt's full `[positions, vocab]` logits would not fit."""
-        first = max(start, 1)
-        if first >= len(tokens):  # the common case: no prompt log-probs asked for
-            return []
-        targets = torch.tensor(tokens[first:], device=self.device)
+    def _token_logprobs(self, hidden: torch.Tensor, targets: list[int]) -> list[float]:
+        """log p(targets[i]) under the head at `hidden[i]`. The head runs in chunks: a long
+        prompt's full `[positions, vocab]` logits would not fit."""
         out: list[float] = []
         for a in range(0, len(targets), _LOGPROB_CHUNK):
-            t = targets[a : a + _LOGPROB_CHUNK]
-            logits = self._head(hidden[first - 1 + a : first - 1 + a + len(t)])
+            t = torch.tensor(targets[a : a + _LOGPROB_CHUNK], device=self.device)
+            logits = self._head(hidden[a : a + len(t)])
             out += torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0].tolist()
         return out
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         # one sequence of ids decodes to one string (the stub's list[str] is for batched input)
         return cast(str, self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
-
-    def move_row(self, src: int, dst: int) -> None:
-        self.cache.move_row(src, dst)
 
     @torch.inference_mode()
     def load_state_dict_file(self, path: str | Path) -> int:

@@ -19,7 +19,7 @@ def render(seq: Sequence, sched: Scheduler, *, index: int | None, text: str | No
         "finish_reason": seq.finish_reason,
         "prompt_tokens": len(seq.req.input_ids),
         "completion_tokens": len(seq.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": seq.cached_tokens,
         # SGLang's schema has the version as a string
         "weight_version": str(spans[-1][0] if spans else sched.weight_version),
         "weight_versions": [{"version": str(v), "start": a, "end": b} for v, a, b in spans],

@@ -1,9 +1,12 @@
 """The scheduler: which sequences run each step, iteration-level (continuous) batching.
 
-Every step (1) admits waiting sequences into free KV rows and prefills them together, (2) decodes
-one token for every sequence already running, all in one batched forward, and (3) retires the
-finished ones, freeing their rows for the next step. A short request therefore never waits for an
-unrelated long one; it joins the batch at the next step and leaves as soon as it is done.
+Every step (1) admits waiting sequences while the KV pool can promise them the pages they may
+need (a request that does not fit waits in the queue; the engine never runs out of KV memory
+mid-request), (2) prefills admitted prompts in chunks, up to `max_prefill_tokens` per step,
+(3) decodes one token for every sequence whose prompt is done, all in one batched forward, and
+(4) retires the finished ones: their full pages go to the prefix cache, the rest back to the pool.
+A short request therefore never waits for an unrelated long one; a long prompt is prefilled a few
+chunks per step while the others keep decoding.
 
 The loop runs as a task on the server's event loop: a step is synchronous (a few ms on CPU), and
 the loop yields between steps so HTTP handlers, pauses and weight updates run only between steps,
@@ -21,6 +24,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
+from slimeish.engine.kv_cache import PagePool
 from slimeish.engine.model_runner import ModelRunner
 from slimeish.engine.protocol import SequenceRequest
 from slimeish.engine.sampling import RowSampling, sample
@@ -44,21 +50,43 @@ class Sequence:
     text: str = ""
     started_at: float = field(default_factory=time.monotonic)
     decoded: tuple[int, str] = (0, "")  # (len(output_ids) it covers, decoded text): one decode per step
+    pages: list[int] = field(default_factory=list)  # its page table: position p lives in pages[p // page_size]
+    reserved: int = 0  # pages promised at admission and not taken yet
+    kv_len: int = 0  # positions whose KV is written (or came from the prefix cache)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    epoch: int = 0  # the prefix cache's epoch when admitted: KV from an older one is never shared
+
+    @property
+    def prefilling(self) -> bool:
+        return self.kv_len < len(self.req.input_ids)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
 
+@dataclass(kw_only=True, slots=True)
+class SchedulerConfig:
+    max_rows: int  # sequences running at once
+    max_prefill_tokens: int  # prompt tokens prefilled per step
+    chunk_size: int  # prompt tokens per prefill forward
+    total_tokens: int  # KV pool size in token slots
+    page_size: int
+    prefix_cache: bool = True
+
+
 class Scheduler:
-    def __init__(self, runner: ModelRunner, *, max_rows: int, max_prefill_tokens: int, weight_version: int):
+    def __init__(self, runner: ModelRunner, cfg: SchedulerConfig, *, weight_version: int):
         self.runner = runner
-        self.max_rows = max_rows
-        self.max_prefill_tokens = max_prefill_tokens
+        self.cfg = cfg
+        self.pool = PagePool(cfg.total_tokens // cfg.page_size, cfg.page_size)
+        runner.allocate_kv(self.pool.num_pages, cfg.page_size)
         self.weight_version = weight_version
         self.eos_ids = _eos_ids(runner)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # running[i] owns KV row i
+        self.running: list[Sequence] = []
+        self.reserved = 0  # sum of the running sequences' `reserved`
+        self.epoch = 0
         self.paused = False
         self._wake = asyncio.Event()
 
@@ -111,44 +139,82 @@ class Scheduler:
                 self.abort(None, f"engine error: {type(e).__name__}: {e}")
             await asyncio.sleep(0)  # let HTTP handlers run between steps
 
+    def flush_cache(self) -> None:
+        """Empty the prefix cache. Running sequences keep the KV they hold, but it is never shared
+        afterwards: after a weight update it was (partly) computed by the old weights."""
+        self.pool.flush()
+        self.epoch += 1
+
     def step(self) -> None:
-        decoding = len(self.running)
-        admitted = self._admit()
-        if admitted:
-            self._prefill(admitted, decoding)
+        decoding = [s for s in self.running if not s.prefilling]
+        self._admit()
+        self._prefill()
         if decoding:
-            batch = self.running[:decoding]
-            last = [[s.output_ids[-1]] for s in batch]
-            starts = [len(s.req.input_ids) + len(s.output_ids) - 1 for s in batch]
-            self._append(batch, self.runner.forward(last, 0, starts))
+            self._decode(decoding)
         self._retire()
 
-    def _admit(self) -> list[Sequence]:
-        admitted: list[Sequence] = []
-        budget = self.max_prefill_tokens
-        while self.waiting and len(self.running) < self.max_rows:
-            n = len(self.waiting[0].req.input_ids)
-            if admitted and n > budget:
-                break
-            budget -= n
-            seq = self.waiting.popleft()
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.cfg.max_rows:
+            seq = self.waiting[0]
+            prompt = seq.req.input_ids
+            cached = self.pool.match(prompt, self._cacheable(seq)) if self.cfg.prefix_cache else []
+            # KV is written for the prompt and every output token but the last (never fed back)
+            need = self.pool.pages_for(len(prompt) + max(seq.req.max_new_tokens - 1, 0)) - len(cached)
+            if need > self.pool.available - self.reserved:
+                self.pool.release(cached)
+                return  # it waits (first come, first served) until finished sequences give pages back
+            self.waiting.popleft()
+            seq.pages, seq.reserved, seq.epoch = cached, need, self.epoch
+            seq.kv_len = seq.cached_tokens = len(cached) * self.cfg.page_size
+            self.reserved += need
             self.running.append(seq)
-            admitted.append(seq)
-        return admitted
 
-    def _prefill(self, admitted: list[Sequence], first_row: int) -> None:
-        prompts = [s.req.input_ids for s in admitted]
-        starts = [s.req.prompt_logprob_start for s in admitted]
-        logits, prompt_logprobs = self.runner.prefill(prompts, first_row, starts)
-        generating = []
-        for row, (seq, logprobs) in enumerate(zip(admitted, prompt_logprobs, strict=True)):
-            seq.input_logprobs = logprobs
+    def _cacheable(self, seq: Sequence) -> int:
+        """How many prompt tokens may come from the cache: at least the last one is computed (its
+        logits give the first output token), and every position whose log-prob is asked for."""
+        return min(len(seq.req.input_ids), max(seq.req.prompt_logprob_start, 1)) - 1
+
+    def _prefill(self) -> None:
+        budget = self.cfg.max_prefill_tokens
+        done: list[tuple[Sequence, torch.Tensor]] = []
+        for seq in self.running:
+            prompt = seq.req.input_ids
+            while seq.prefilling and budget > 0:
+                start = seq.kv_len
+                end = min(len(prompt), start + self.cfg.chunk_size, start + budget)
+                self._take_pages(seq, end)
+                logits, logprobs = self.runner.prefill(prompt, start, end, seq.pages, seq.req.prompt_logprob_start)
+                seq.input_logprobs += logprobs
+                seq.kv_len, budget = end, budget - (end - start)
+                if not seq.prefilling:
+                    done.append((seq, logits))
+        for seq, _ in done:
+            self._cache(seq)  # a twin prompt arriving while this one decodes (n > 1, retries) reuses it
             if seq.req.max_new_tokens == 0:  # a scoring request: the prompt's log-probs only
                 self._finish(seq, {"type": "length", "length": 0})
-            else:
-                generating.append(row)
+        generating = [(s, lg) for s, lg in done if not s.finished]
         if generating:
-            self._append([admitted[i] for i in generating], logits[generating])
+            self._append([s for s, _ in generating], torch.stack([lg for _, lg in generating]))
+
+    def _decode(self, batch: list[Sequence]) -> None:
+        for seq in batch:
+            self._take_pages(seq, seq.kv_len + 1)
+        positions = [s.kv_len for s in batch]
+        logits = self.runner.decode_step([s.output_ids[-1] for s in batch], positions, [s.pages for s in batch])
+        for seq in batch:
+            seq.kv_len += 1
+        self._append(batch, logits)
+
+    def _take_pages(self, seq: Sequence, kv_len: int) -> None:
+        """Give `seq` the pages for positions below `kv_len`, out of what admission promised it."""
+        n = self.pool.pages_for(kv_len) - len(seq.pages)
+        if n > 0:
+            assert n <= seq.reserved, "a sequence outgrew what admission reserved for it"
+            fresh = self.pool.alloc(n)
+            self.runner.clear_pages(fresh)
+            seq.pages += fresh
+            seq.reserved -= n
+            self.reserved -= n
 
     def _append(self, seqs: list[Sequence], logits) -> None:
         tokens, logprobs = sample(logits, [s.sampling for s in seqs], [s.rng.random() for s in seqs])
@@ -192,15 +258,21 @@ class Scheduler:
             seq.text = seq.text[: seq.text.index(matched)]
         seq.notify(seq)
 
+    def _cache(self, seq: Sequence) -> None:
+        """Put the full pages of `seq`'s KV into the prefix cache. They are never written again:
+        a sequence only writes positions past its KV, in its last (partial, uncached) page or new ones."""
+        if self.cfg.prefix_cache and seq.epoch == self.epoch:
+            self.pool.insert((seq.req.input_ids + seq.output_ids)[: seq.kv_len], seq.pages)
+
     def _retire(self) -> None:
-        """Drop finished sequences from the running batch, keeping KV rows compact."""
-        for row in range(len(self.running) - 1, -1, -1):
-            if self.running[row].finished:
-                last = len(self.running) - 1
-                if row != last:
-                    self.runner.move_row(last, row)
-                    self.running[row] = self.running[last]
-                self.running.pop()
+        """Drop finished sequences from the running batch; their full pages go to the prefix cache."""
+        for seq in self.running:
+            if seq.finished:
+                self._cache(seq)
+                self.pool.release(seq.pages)
+                self.reserved -= seq.reserved
+                seq.pages, seq.reserved = [], 0
+        self.running = [s for s in self.running if not s.finished]
 
     def decode(self, seq: Sequence) -> str:
         """The output text so far; the stop check and the stream chunk of a step share one decode."""

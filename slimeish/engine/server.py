@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -32,7 +34,9 @@ from slimeish.engine.protocol import (
     parse_sampling_params,
 )
 from slimeish.engine.responses import render
-from slimeish.engine.scheduler import Scheduler, Sequence
+from slimeish.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+
+logger = logging.getLogger(__name__)
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -59,14 +63,17 @@ class Engine:
         self.cfg = cfg
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.cpu_threads)
-        self.runner = ModelRunner(
-            cfg.model, device=cfg.device, dtype=cfg.dtype, rows=cfg.max_running_requests,
-            context_length=cfg.context_length,
+        self.runner = ModelRunner(cfg.model, device=cfg.device, dtype=cfg.dtype, context_length=cfg.context_length)
+        total = kv_pool_tokens(cfg, self.runner.kv_bytes_per_token)
+        if total < self.runner.context_length:  # a sequence that could never fit the pool would wait forever
+            logger.warning("KV pool holds %d tokens: context length lowered from %d", total, self.runner.context_length)
+            self.runner.context_length = total
+        sched_cfg = SchedulerConfig(
+            max_rows=cfg.max_running_requests, max_prefill_tokens=cfg.max_prefill_tokens,
+            chunk_size=cfg.chunked_prefill_size, total_tokens=total, page_size=cfg.page_size,
+            prefix_cache=not cfg.disable_radix_cache,
         )  # fmt: skip
-        self.scheduler = Scheduler(
-            self.runner, max_rows=cfg.max_running_requests, max_prefill_tokens=cfg.max_prefill_tokens,
-            weight_version=cfg.weight_version,
-        )  # fmt: skip
+        self.scheduler = Scheduler(self.runner, sched_cfg, weight_version=cfg.weight_version)
         self.limits = Limits(self.runner.vocab_size, self.runner.context_length, cfg.max_request_sequences)
         self.model_name = cfg.served_model_name or cfg.model
 
@@ -77,6 +84,23 @@ class Engine:
         """A weight update sets the version it was given, or bumps the version by one."""
         self.scheduler.weight_version = self.scheduler.weight_version + 1 if version is None else version
         return self.scheduler.weight_version
+
+
+def kv_pool_tokens(cfg: EngineConfig, bytes_per_token: int) -> int:
+    """The KV pool's size in tokens: `--max-total-tokens`, or `--mem-fraction-static` of the device's
+    memory (on CPU the physical RAM; the pool is only backed as pages get written) in whole pages."""
+    if cfg.max_total_tokens is not None:
+        tokens = cfg.max_total_tokens
+    else:
+        if cfg.device == "cuda":
+            memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        else:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        tokens = int(memory * cfg.mem_fraction_static) // bytes_per_token
+    tokens -= tokens % cfg.page_size
+    if tokens < cfg.page_size:
+        raise ValueError(f"the KV pool must hold at least one page ({cfg.page_size} tokens), got {tokens} tokens")
+    return tokens
 
 
 def create_app(cfg: EngineConfig) -> FastAPI:
@@ -223,9 +247,19 @@ def _add_info_routes(app: FastAPI, engine: Engine) -> None:
                 "device": cfg.device,
                 "max_running_requests": cfg.max_running_requests,
                 "max_prefill_tokens": cfg.max_prefill_tokens,
+                "chunked_prefill_size": cfg.chunked_prefill_size,
+                "max_total_num_tokens": sched.pool.num_pages * sched.pool.page_size,
+                "page_size": sched.pool.page_size,
+                "disable_radix_cache": cfg.disable_radix_cache,
                 "weight_version": str(sched.weight_version),
                 "internal_states": [
-                    {"paused": sched.paused, "num_running": len(sched.running), "num_waiting": len(sched.waiting)}
+                    {
+                        "paused": sched.paused,
+                        "num_running": len(sched.running),
+                        "num_waiting": len(sched.waiting),
+                        "cached_tokens": sched.pool.cached_pages * sched.pool.page_size,
+                        "available_tokens": (sched.pool.available - sched.reserved) * sched.pool.page_size,
+                    }
                 ],
             }
         )
@@ -242,7 +276,7 @@ def _add_control_routes(app: FastAPI, engine: Engine) -> None:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        # There is no prefix cache to drop: KV rows belong to running sequences and are freed as they finish.
+        sched.flush_cache()
         return Response("Cache flushed.", status_code=200)
 
     @app.post("/abort_request")
@@ -303,6 +337,8 @@ def _update(engine: Engine, load: Callable[[], int], body: dict) -> Response:
         count = load()
     except (ValueError, OSError) as e:
         return _json({"success": False, "message": f"weight update failed: {e}"}, 400)
+    finally:  # even a failed multi-shard update may have copied some shards: cached KV is stale
+        engine.scheduler.flush_cache()
     version = engine.set_weight_version(requested)
     return _json({"success": True, "message": f"updated {count} tensors", "weight_version": str(version)})
 

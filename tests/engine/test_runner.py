@@ -10,7 +10,13 @@ from transformers import AutoModelForCausalLM
 
 from slimeish.engine.model_runner import ModelRunner
 from slimeish.engine.protocol import SamplingParams, SequenceRequest
-from slimeish.engine.scheduler import Scheduler
+from slimeish.engine.scheduler import Scheduler, SchedulerConfig
+
+
+def make_scheduler(path, device: str = "cpu", dtype: str = "float32", **overrides) -> Scheduler:
+    runner = ModelRunner(str(path), device=device, dtype=dtype, context_length=256)
+    cfg = {"max_rows": 4, "max_prefill_tokens": 64, "chunk_size": 64, "total_tokens": 4096, "page_size": 4}
+    return Scheduler(runner, SchedulerConfig(**(cfg | overrides)), weight_version=0)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
@@ -27,8 +33,7 @@ def test_continuous_batch_on_cuda(tiny_model):
 
 
 def check_continuous_batch(path, device: str) -> None:
-    runner = ModelRunner(str(path), device=device, dtype="float32", rows=4, context_length=256)
-    sched = Scheduler(runner, max_rows=3, max_prefill_tokens=64, weight_version=0)
+    sched = make_scheduler(path, device, max_rows=3)
     finished = []
     prompts = [[5, 6, 7], [9] * 11, [3, 1, 4, 1, 5], [2, 7], [8, 8, 8, 8]]
     lengths = [30, 5, 17, 9, 12]
@@ -56,15 +61,15 @@ def make_request(rid: str, n: int) -> SequenceRequest:
 
 
 async def test_a_failing_step_aborts_its_batch_and_the_loop_goes_on(tiny_model, monkeypatch):
-    runner = ModelRunner(str(tiny_model), device="cpu", dtype="auto", rows=2, context_length=64)
-    sched = Scheduler(runner, max_rows=2, max_prefill_tokens=64, weight_version=0)
-    real_forward = runner.forward
+    sched = make_scheduler(tiny_model, dtype="auto", max_rows=2)
+    runner = sched.runner
+    real_forward = runner.decode_step
 
     def broken_forward(*args):
-        monkeypatch.setattr(runner, "forward", real_forward)  # fail once only
+        monkeypatch.setattr(runner, "decode_step", real_forward)  # fail once only
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(runner, "forward", broken_forward)
+    monkeypatch.setattr(runner, "decode_step", broken_forward)
     loop = asyncio.get_running_loop()
     first, second = loop.create_future(), loop.create_future()
     task = asyncio.create_task(sched.run())
@@ -83,8 +88,7 @@ def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monke
     """Prompt log-probs (computed in chunks, here of 2 positions) equal a full forward; scoring-only
     sequences leave the batch at once, and the generating one beside them still decodes exactly."""
     monkeypatch.setattr("slimeish.engine.model_runner._LOGPROB_CHUNK", 2)
-    runner = ModelRunner(str(tiny_model), device="cpu", dtype="float32", rows=4, context_length=64)
-    sched = Scheduler(runner, max_rows=4, max_prefill_tokens=64, weight_version=0)
+    sched = make_scheduler(tiny_model)
     prompts = [[3, 1, 4, 1, 5, 9, 2], [5, 6, 7], [8, 8, 2, 7, 1]]
     new_tokens, starts = [0, 6, 0], [0, None, 2]
     finished = []

@@ -222,7 +222,8 @@ def test_a_client_that_hangs_up_frees_its_slot(client, engine_url):
     """While paused nothing can finish on its own, so an empty queue after the hang-up is the abort."""
 
     def states():
-        return client.get("/server_info").json()["internal_states"][0]
+        state = client.get("/server_info").json()["internal_states"][0]
+        return {k: state[k] for k in ("paused", "num_running", "num_waiting")}
 
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
     client.post("/pause_generation", json={})
@@ -235,3 +236,15 @@ def test_a_client_that_hangs_up_frees_its_slot(client, engine_url):
         assert states() == {"paused": True, "num_running": 0, "num_waiting": 0}
     finally:
         client.post("/continue_generation")
+
+
+def test_flush_cache_empties_the_prefix_cache(client):
+    body = {"input_ids": list(range(100, 140)), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    first, again = post_generate(client, body), post_generate(client, body)
+    # pages of 16 tokens; the last prompt token is always computed: 39 cacheable, 32 cached
+    assert (first["meta_info"]["cached_tokens"], again["meta_info"]["cached_tokens"]) == (0, 32)
+    assert again["output_ids"] == first["output_ids"]
+    r = client.post("/flush_cache")
+    assert r.status_code == 200 and r.text == "Cache flushed."
+    assert client.get("/server_info").json()["internal_states"][0]["cached_tokens"] == 0
+    assert post_generate(client, body)["meta_info"]["cached_tokens"] == 0

@@ -126,3 +126,26 @@ def test_a_weight_version_that_is_no_integer_is_400_and_changes_nothing(engine, 
     r = engine.post("/update_weights_from_disk", json={"model_path": str(tiny_model), "weight_version": "latest"})
     assert r.status_code == 400 and "integer" in r.text
     assert engine.get("/model_info").json()["weight_version"] == version
+
+
+def test_a_weight_update_invalidates_cached_prefixes(engine, tiny_model, tmp_path):
+    """KV computed by the old weights is never reused: the request after the update misses the
+    cache and scores with the new weights; the one after that hits the new weights' KV."""
+    prompt = list(range(200, 250))
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": True}
+    generate(engine, body)
+    assert generate(engine, body)["meta_info"]["cached_tokens"] == 48
+    new_dir = shutil.copytree(tiny_model, tmp_path / "updated")
+    save_file(perturbed_state(tiny_model, seed=3), str(new_dir / "model.safetensors"), metadata={"format": "pt"})
+    assert engine.post("/update_weights_from_disk", json={"model_path": str(new_dir)}).json()["success"]
+    after, hit = generate(engine, body), generate(engine, body)
+    assert (after["meta_info"]["cached_tokens"], hit["meta_info"]["cached_tokens"]) == (0, 48)
+    model = AutoModelForCausalLM.from_pretrained(new_dir, dtype=torch.float32)
+    ids = after["output_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1)[torch.arange(len(ids)), torch.tensor(ids)]
+    for out in (after, hit):
+        assert out["output_ids"] == ids
+        got = torch.tensor([e[0] for e in out["meta_info"]["output_token_logprobs"]])
+        assert (got - expected).abs().max().item() <= 1e-4
