@@ -97,16 +97,22 @@ def _train(device: str, model_dir: Path, steps: int = 5) -> dict:
             "peak_memory_mib": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else 0.0}  # fmt: skip
 
 
-def _engine_samples(model_dir: Path, device: str, dtype: str) -> list[Sample]:
-    """Sample with the embedded engine's scheduler in-process; keep its per-token log-probs."""
+def _engine_samples(model_dir: Path, device: str, dtype: str) -> tuple[list[Sample], int]:
+    """Sample with the embedded engine's scheduler in-process; keep its per-token log-probs.
+
+    Also returns how many prompt tokens came from the prefix cache (the last prompt shares 8 with
+    one that finished before it was admitted)."""
     from slimeish.engine.model_runner import ModelRunner
     from slimeish.engine.protocol import SamplingParams, SequenceRequest
-    from slimeish.engine.scheduler import Scheduler
+    from slimeish.engine.scheduler import Scheduler, SchedulerConfig
 
-    runner = ModelRunner(str(model_dir), device=device, dtype=dtype, rows=4, context_length=256)
-    sched = Scheduler(runner, max_rows=4, max_prefill_tokens=64, weight_version=0)
+    runner = ModelRunner(str(model_dir), device=device, dtype=dtype, context_length=256)
+    # Small pages and prefill chunks, and prompts sharing a prefix, so the paged KV cache's chunk
+    # boundaries and prefix hits are on the path whose log-probs the trainer checks.
+    cfg = SchedulerConfig(max_rows=4, max_prefill_tokens=64, chunk_size=8, total_tokens=4096, page_size=4)
+    sched = Scheduler(runner, cfg, weight_version=0)
     finished: list = []
-    prompts = [[5, 6, 7], [9] * 11, [3, 1, 4, 1, 5], [2, 7], [8, 8, 8, 8], [11, 12]]
+    prompts = [[5, 6, 7], [9] * 11, [3, 1, 4, 1, 5], [2, 7], [8, 8, 8, 8], [11, 12], [9] * 11 + [3, 4]]
     for i, prompt in enumerate(prompts):
         params = SamplingParams(max_new_tokens=24, temperature=1.0, ignore_eos=True)
         req = SequenceRequest(f"r{i}", i, prompt, params, seed=i, return_logprob=True, return_text_in_logprobs=False)
@@ -114,11 +120,12 @@ def _engine_samples(model_dir: Path, device: str, dtype: str) -> list[Sample]:
         sched.submit(req, lambda s: s.finished and finished.append(s))
     while not sched.idle:
         sched.step()
-    return [
+    samples = [
         Sample(group_index=i, index=0, tokens=s.req.input_ids + s.output_ids, response_length=len(s.output_ids),
                loss_mask=[1] * len(s.output_ids), rollout_log_probs=list(s.logprobs), reward=0.0)
         for i, s in enumerate(finished)
     ]  # fmt: skip
+    return samples, sum(s.cached_tokens for s in finished)
 
 
 def _max_gap(trainer, samples: list[Sample]) -> float:
@@ -135,17 +142,17 @@ def stage_parity(device: str) -> dict:
     from slimeish.trainer.trainer import Trainer
 
     model_dir = _tiny()
-    samples = _engine_samples(model_dir, device, "float32")
+    samples, cached = _engine_samples(model_dir, device, "float32")
     trainer = Trainer(TrainerConfig(model_path=model_dir, device=device, dtype="float32"), LossConfig())
     gap32 = _max_gap(trainer, samples)
     result: dict = {"tokens": sum(s.response_length for s in samples), "fp32_max_abs_gap": gap32,
-                    "fp32_bound": PARITY_FP32_BOUND}  # fmt: skip
-    result["status"] = "PASS" if gap32 <= PARITY_FP32_BOUND else "FAIL"
+                    "fp32_bound": PARITY_FP32_BOUND, "cached_tokens": cached}  # fmt: skip
+    result["status"] = "PASS" if gap32 <= PARITY_FP32_BOUND and cached > 0 else "FAIL"
     if device == "cuda":
         # bf16 on both sides: rounding differs between the two implementations, so the gap is only
         # reported; an error is still a failure, recorded beside the fp32 numbers already measured.
         try:
-            bf16_samples = _engine_samples(model_dir, device, "bfloat16")
+            bf16_samples, _ = _engine_samples(model_dir, device, "bfloat16")
             bf16 = Trainer(TrainerConfig(model_path=model_dir, device=device, dtype="bfloat16"), LossConfig())
             result["bf16_max_abs_gap"] = _max_gap(bf16, bf16_samples)
         except Exception as e:

@@ -150,7 +150,7 @@ for line in (out / "stages.tsv").read_text().splitlines():
 ok = all(s.get("status") in ("PASS", "SKIP") for s in stages) and any(s["stage"] == "train" for s in stages)
 summary = {"mode": mode, "ok": ok, "total_seconds": total, "stages": stages}
 (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
-keys = ("seconds", "fp32_max_abs_gap", "bf16_max_abs_gap", "margin_before", "margin_after", "seconds_per_step",
+keys = ("seconds", "fp32_max_abs_gap", "cached_tokens", "bf16_max_abs_gap", "margin_before", "margin_after", "seconds_per_step",
         "peak_memory_mib", "tests", "skipped", "failures", "gb_per_s", "gpu", "torch", "nccl", "reason")
 rows = ["| stage | status | numbers |", "|---|---|---|"]
 for s in stages:
