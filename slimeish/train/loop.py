@@ -87,13 +87,15 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
         for step in progress:
             metrics: dict[str, Any] = {}
             if run.eval_interval and (step == p.start or step % run.eval_interval == 0):
-                metrics |= await evaluate(p.rollout_fn, p.args, p.eval_data, step)
+                metrics |= await evaluate(p.rollout_fn, p.args, p.eval_data, step, p.hooks)
             with timed(metrics, "time/rollout"):
                 taken = await collect_groups(p.buffer, p.producer, n_groups, p.trainer.weight_version, run.mode)
             metrics |= {f"buffer/{name}": float(n) for name, n in taken.counters().items()}
             metrics |= await train_and_sync(p, taken.groups)
             step_s = metrics["time/rollout"] + metrics["time/train"] + metrics["time/sync"]
             metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens", 0.0) / step_s
+            samples = [s for g in taken.groups for s in g.samples]
+            metrics = p.hooks.log_rollout(step, p.args, samples, metrics, metrics["time/rollout"])
             unacked += p.ledger.record(step, taken.groups)
             # The line first: a kill before the save re-runs this step, and the resumed run drops
             # the lines of the steps it runs again, so no step's line is lost or doubled.
@@ -103,12 +105,13 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
                 await p.buffer.ack(unacked)  # a crash before the save re-delivers them
                 unacked = []
         if run.eval_interval:
-            final = await evaluate(p.rollout_fn, p.args, p.eval_data, run.num_rollout)
+            final = await evaluate(p.rollout_fn, p.args, p.eval_data, run.num_rollout, p.hooks)
             progress.write(p.logger.log(run.num_rollout, final))
 
 
 async def train_and_sync(p: Parts, groups: list[Group]) -> dict[str, Any]:
     """One training step on `groups`, then the new weights to the engines; the step's metrics."""
+    p.hooks.filter_samples(p.args, [g.samples for g in groups])
     samples = [s for g in groups for s in g.samples]
     metrics: dict[str, Any] = batch_metrics(samples, p.trainer.weight_version)
     with timed(metrics, "time/train"):

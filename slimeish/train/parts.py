@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from slimeish.train.ledger import TrainedGroups
 from slimeish.train.metrics import MetricsLogger, RouterCounters
 from slimeish.train.producer import RolloutProducer
 from slimeish.train.setup import RunConfig, TrainSetup, plugin_args
+from slimeish.train.slime_hooks import SlimeHooks
 
 if TYPE_CHECKING:  # torch and megatron load only once a run starts
     from slimeish.common.sample import Sample
@@ -64,6 +66,7 @@ class Parts:
     router_counters: RouterCounters
     ledger: TrainedGroups
     dynamic_filter: DynamicFilter | None = None
+    hooks: SlimeHooks = dataclasses.field(default_factory=SlimeHooks)
 
 
 @contextlib.asynccontextmanager
@@ -98,7 +101,7 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
                 if run.mode == "async":
                     producer.start(max_groups=async_window(setup))
                 parts = Parts(start, trainer, sync, buffer, producer, data, eval_data, rollout_fn, args, logger,
-                              router_counters, ledger, dynamic_filter)  # fmt: skip
+                              router_counters, ledger, dynamic_filter, SlimeHooks.load(setup.slime_hooks))  # fmt: skip
                 try:
                     yield parts
                 finally:

@@ -33,6 +33,7 @@ from slimeish.rollout.rewards import load_post_process
 from slimeish.rollout.rm_hub import ASYNC_RM_PATH, check_rm_type
 from slimeish.train.launch import StackConfig
 from slimeish.train.slime_flags import SlimeConfig, SlimeFlagError, translate
+from slimeish.train.slime_hooks import SlimeHooks, SlimeHooksConfig, custom_config, with_custom_config
 from slimeish.trainer.config import LossConfig, TrainerConfig
 
 DESCRIPTION = "`slimeish train`: start the parts, then generate → train → sync weights, in one loop."
@@ -88,6 +89,7 @@ CONFIGS: dict[str, type[Any]] = {
     "trainer": TrainerConfig,
     "loss": LossConfig,
     "slime": SlimeConfig,
+    "slime_hooks": SlimeHooksConfig,
 }
 
 
@@ -105,6 +107,7 @@ class TrainSetup:
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     slime: SlimeConfig = dataclasses.field(default_factory=SlimeConfig)
+    slime_hooks: SlimeHooksConfig = dataclasses.field(default_factory=SlimeHooksConfig)
     plugin: Any = None
 
     def __post_init__(self) -> None:
@@ -162,7 +165,11 @@ def parse_args(argv: list[str] | None, base: TrainSetup | None = None) -> TrainS
     try:
         configs = {name: from_namespace(cls, ns, values) for name, cls in CONFIGS.items()}
         plugin = from_namespace(plugin_type, ns, values) if plugin_type is not None else None
-    except ValueError as exc:
+        # slime sets --custom-config-path's keys over the flags: those naming an option set it too.
+        custom = custom_config(configs["slime_hooks"])
+        configs = {name: with_custom_config(cfg, custom) for name, cfg in configs.items()}
+        plugin = with_custom_config(plugin, custom) if plugin is not None else None
+    except (ValueError, OSError) as exc:
         parser.error(str(exc))
     setup = TrainSetup(**configs, plugin=plugin)
     if setup.data.prompt_data is None:  # checked here, before any process is started
@@ -201,6 +208,7 @@ def check_plugins(setup: TrainSetup) -> None:
         DynamicFilter(cfg.dynamic_sampling_filter_path, probe_args).check(cfg.n_samples_per_prompt)
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
+    SlimeHooks.load(setup.slime_hooks)
 
 
 # slime `args` attributes plugins read that have one value here: their flags are refused
@@ -230,7 +238,9 @@ def plugin_args(
         "sglang_router_ip": host,
         "sglang_router_port": int(port),
     }
-    return argparse.Namespace(**SLIME_ARGS | _slime_names(setup) | setup.values() | where)
+    # Last, as slime's: the custom config's keys are the plugins' own options, over anything else.
+    custom = custom_config(setup.slime_hooks)
+    return argparse.Namespace(**SLIME_ARGS | _slime_names(setup) | setup.values() | where | custom)
 
 
 def _slime_names(setup: TrainSetup) -> dict[str, Any]:

@@ -204,10 +204,7 @@ REFUSED: dict[str, str] = {
     "--mask-offpolicy-in-partial-rollout": ("no partial rollout"),
     "--rollout-max-prompt-len": ("prompts are not filtered by length: filter the --prompt-data JSONL"),
     "--rollout-sample-hook-path": ("no sample hooks: a --custom-generate-function-path wraps generate"),
-    "--custom-rollout-log-function-path": ("return metrics in RolloutFnTrainOutput.metrics; " + LOGGING),
-    "--custom-eval-rollout-log-function-path": ("return metrics in RolloutFnEvalOutput.metrics"),
     "--buffer-filter-path": ("groups are filtered by --dynamic-sampling-filter-path or --group-filter-path"),
-    "--rollout-sample-filter-path": ("use --dynamic-sampling-filter-path or --group-filter-path"),
     "--rollout-all-samples-process-path": ("use --custom-reward-post-process-path"),
     "--rollout-data-postprocess-path": ("use --custom-reward-post-process-path"),
     "--rollout-data-transport": ("rollout data goes through the Redis buffer (--buffer-url)"),
@@ -223,9 +220,6 @@ REFUSED: dict[str, str] = {
     "--log-probs-max-tokens-per-gpu": ("--micro-batch-tokens bounds log-prob passes too"),
     "--group-rm": ("rewards are per sample; score a whole group in --custom-reward-post-process-path"),
     "--eval-reward-key": ("--reward-key applies to evaluation too"),
-    "--custom-config-path": (
-        "put options in the --config YAML, or declare them in the rollout function's ROLLOUT_CONFIG (docs/rollout.md)"
-    ),
     "--custom-convert-samples-to-train-data-path": ("samples are trained from the buffer (docs/rollout.md)"),
     "--ref-ckpt-step": ("the KL reference is the initial --hf-checkpoint"),
     "--ref-update-interval": ("the KL reference stays the initial --hf-checkpoint"),
@@ -434,7 +428,6 @@ _refuse_all(
 )
 _refuse_all(
     [
-        "--eval-function-path",
         "--eval-config",
         "--eval-input-key",
         "--eval-label-key",

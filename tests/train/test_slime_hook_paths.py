@@ -1,0 +1,195 @@
+"""slime's rollout-side `--*-path` hooks (slimeish.train.slime_hooks): each loaded with slime's
+signature at start-up and called where slime calls it, with its effect asserted."""
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from slimeish.common.sample import Sample
+from slimeish.data import DataSource
+from slimeish.rollout import RolloutFnEvalOutput
+from slimeish.train.collect import evaluate
+from slimeish.train.loop import train_and_sync
+from slimeish.train.setup import check_plugins, parse_args, plugin_args
+from slimeish.train.slime_hooks import SlimeHooks, SlimeHooksConfig
+
+HERE = __name__
+SEEN: dict[str, object] = {}
+
+
+# --- plugins with slime's signatures ---------------------------------------------------------
+
+
+def eval_rollout(args, rollout_id, data_source, evaluation=False):
+    groups = data_source.get_samples(1)
+    SEEN["eval_prompts"] = [s.prompt for g in groups for s in g]
+    return RolloutFnEvalOutput(data={"math": {"rewards": [0.25, 0.75]}}, metrics={"pass@1": 0.5})
+
+
+def failing_rollout(args, rollout_id, data_source, evaluation=False):
+    raise AssertionError("evaluation must call --eval-function-path, not the rollout function")
+
+
+def drop_short(args, samples):
+    for group in samples:
+        for sample in group:
+            sample.remove_sample = sample.response_length < 3
+
+
+def log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    SEEN["rollout_log"] = (rollout_id, len(samples), rollout_extra_metrics, rollout_time)
+    return True
+
+
+def log_rollout_and_keep_defaults(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    return False
+
+
+def log_eval_rollout_data(rollout_id, args, data, extra_metrics):
+    SEEN["eval_log"] = (rollout_id, data, extra_metrics)
+    return True
+
+
+def wrong_hook(args):  # one parameter: fits no hook
+    return True
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _argv(tmp_path: Path, *extra: str) -> list[str]:
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    return ["--model-path", str(tmp_path), "--prompt-data", str(data), *extra]
+
+
+def _sample(index: int, length: int, reward: float) -> Sample:
+    return Sample(index=index, tokens=[1] * (2 + length), response_length=length, loss_mask=[1] * length, reward=reward)
+
+
+# --- --custom-config-path ----------------------------------------------------------------------
+
+
+def test_custom_config_keys_land_on_args_over_the_flags(tmp_path):
+    custom = tmp_path / "custom.yaml"
+    custom.write_text("max_turns: 3\ntool_url: http://tools:1\nrollout_batch_size: 5\n")
+    setup = parse_args(_argv(tmp_path, "--rollout-batch-size", "2", "--custom-config-path", str(custom)))
+    assert setup.rollout.rollout_batch_size == 5  # slime sets its keys over the flags
+    args = plugin_args(setup, "http://127.0.0.1:9", "t")
+    assert (args.max_turns, args.tool_url, args.rollout_batch_size) == (3, "http://tools:1", 5)
+
+
+def test_the_config_yaml_takes_a_custom_config_path_and_its_keys_are_not_options(tmp_path):
+    custom = tmp_path / "custom.yaml"
+    custom.write_text("my_plugin_option: 7\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"custom_config_path: {custom}\n")
+    args = plugin_args(parse_args(_argv(tmp_path, "--config", str(config))), "http://127.0.0.1:9", "t")
+    assert args.my_plugin_option == 7
+
+
+def test_a_missing_custom_config_stops_at_start_up(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(_argv(tmp_path, "--custom-config-path", str(tmp_path / "nope.yaml")))
+    assert exc.value.code == 2 and "nope.yaml" in capsys.readouterr().err
+
+
+# --- --eval-function-path and --custom-eval-rollout-log-function-path ------------------------------
+
+
+def _eval_data() -> DataSource:
+    return DataSource([Sample(prompt="2+2?"), Sample(prompt="3+3?")], 2, shuffle=False)
+
+
+def test_evaluation_calls_the_eval_function_and_logs_its_metrics():
+    hooks = SlimeHooks.load(SlimeHooksConfig(eval_function_path=f"{HERE}.eval_rollout"))
+    metrics = asyncio.run(evaluate(failing_rollout, SimpleNamespace(), _eval_data(), 4, hooks))
+    assert SEEN["eval_prompts"] == ["2+2?", "2+2?"]  # it drew from the eval data source
+    assert metrics == {"eval/reward_mean": 0.5, "eval/pass@1": 0.5}
+
+
+def test_an_eval_log_function_returning_true_replaces_the_default_eval_metrics():
+    hooks = SlimeHooks.load(
+        SlimeHooksConfig(
+            eval_function_path=f"{HERE}.eval_rollout",
+            custom_eval_rollout_log_function_path=f"{HERE}.log_eval_rollout_data",
+        )
+    )
+    assert asyncio.run(evaluate(failing_rollout, SimpleNamespace(), _eval_data(), 4, hooks)) == {}
+    assert SEEN["eval_log"] == (4, {"math": {"rewards": [0.25, 0.75]}}, {"pass@1": 0.5})
+
+
+# --- --rollout-sample-filter-path, at the trainer's step ---------------------------------------
+
+
+class _Recorder:
+    weight_version = 0
+
+    def train_step(self, samples):
+        SEEN["trained"] = [(s.index, list(s.loss_mask), s.reward) for s in samples]
+        return {"loss": 1.0}
+
+
+def _parts(hooks: SlimeHooks) -> SimpleNamespace:
+    return SimpleNamespace(
+        hooks=hooks,
+        args=SimpleNamespace(),
+        trainer=_Recorder(),
+        sync=SimpleNamespace(sync=lambda trainer: {}),
+        producer=SimpleNamespace(metrics={}),
+        router_counters=SimpleNamespace(delta=dict),
+        dynamic_filter=None,
+    )
+
+
+def test_a_sample_filter_leaves_the_samples_it_removes_no_token_to_train_on():
+    hooks = SlimeHooks.load(SlimeHooksConfig(rollout_sample_filter_path=f"{HERE}.drop_short"))
+    groups = [SimpleNamespace(samples=[_sample(0, 2, 1.0), _sample(1, 4, 0.0)])]
+    asyncio.run(train_and_sync(_parts(hooks), groups))  # type: ignore[arg-type]
+    # The removed sample stays in the batch (its reward still counts in the group's advantages).
+    assert SEEN["trained"] == [(0, [0, 0], 1.0), (1, [1, 1, 1, 1], 0.0)]
+
+
+def test_without_a_sample_filter_every_sample_trains():
+    groups = [SimpleNamespace(samples=[_sample(0, 2, 1.0)])]
+    asyncio.run(train_and_sync(_parts(SlimeHooks()), groups))  # type: ignore[arg-type]
+    assert SEEN["trained"] == [(0, [1, 1], 1.0)]
+
+
+# --- --custom-rollout-log-function-path ----------------------------------------------------
+
+
+def test_a_rollout_log_function_returning_true_leaves_out_the_default_rollout_metrics():
+    hooks = SlimeHooks.load(SlimeHooksConfig(custom_rollout_log_function_path=f"{HERE}.log_rollout_data"))
+    metrics = {"rollout/reward_mean": 0.5, "perf/tok_s": 9.0, "episodes/failed": 1.0, "train/loss": 0.1}
+    logged = hooks.log_rollout(3, SimpleNamespace(), [Sample(), Sample()], metrics, 1.5)
+    assert logged == {"train/loss": 0.1}
+    assert SEEN["rollout_log"] == (3, 2, {"episodes/failed": 1.0}, 1.5)
+
+
+def test_a_rollout_log_function_returning_false_keeps_them():
+    hooks = SlimeHooks.load(SlimeHooksConfig(custom_rollout_log_function_path=f"{HERE}.log_rollout_and_keep_defaults"))
+    metrics = {"rollout/reward_mean": 0.5, "train/loss": 0.1}
+    assert hooks.log_rollout(0, SimpleNamespace(), [], metrics, 0.0) == metrics
+
+
+# --- start-up checks -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("--custom-rollout-log-function-path", "def log_rollout_data(rollout_id, args, samples"),
+        ("--custom-eval-rollout-log-function-path", "def log_eval_rollout_data(rollout_id, args, data"),
+        ("--rollout-sample-filter-path", "def filter(args, samples"),
+        ("--eval-function-path", "def generate_rollout(args, rollout_id"),
+    ],
+)
+def test_a_hook_with_the_wrong_signature_stops_the_run_naming_the_expected_one(tmp_path, flag, expected):
+    setup = parse_args(_argv(tmp_path, flag, f"{HERE}.wrong_hook"))
+    with pytest.raises(ValueError, match="wrong signature") as exc:
+        check_plugins(setup)
+    assert expected in str(exc.value)
