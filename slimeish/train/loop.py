@@ -40,8 +40,8 @@ def run(setup: TrainSetup) -> None:
     use the ones given by URL), train, and stop every process it started (also on Ctrl-C)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
-    if setup.data.prompt_data is None:
-        raise ValueError("a run needs prompt data (--prompt-data)")
+    if setup.data.prompt_data is None and not setup.slime_hooks.data_source_path:
+        raise ValueError("a run needs prompt data (--prompt-data, or a --data-source-path)")
     check_plugins(setup)  # before any process starts: a wrong plugin fails in a second
     setup.run.run_dir.mkdir(parents=True, exist_ok=True)
     run_id = setup.run.run_id or setup.run.run_dir.resolve().name

@@ -24,7 +24,7 @@ from slimeish.train.ledger import TrainedGroups
 from slimeish.train.metrics import MetricsLogger, RouterCounters
 from slimeish.train.producer import RolloutProducer
 from slimeish.train.setup import RunConfig, TrainSetup, plugin_args
-from slimeish.train.slime_hooks import SlimeHooks
+from slimeish.train.slime_hooks import PluginDataSource, SlimeHooks, load_data_source_class
 
 if TYPE_CHECKING:  # torch and megatron load only once a run starts
     from slimeish.common.sample import Sample
@@ -74,7 +74,7 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
     run = setup.run
     args = plugin_args(setup, stack.router_url, stack.admin_token, router_urls=stack.router_urls)
     rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
-    data, eval_data = train_source(setup), eval_source(setup)
+    data, eval_data = train_source(setup, args), eval_source(setup)
     async with trainer_and_sync(setup, stack, run_id) as (trainer, sync):
         if (load := run.checkpoint_to_load()) is not None:
             log.info("resuming from %s", load.resolve())
@@ -145,14 +145,18 @@ def async_window(setup: TrainSetup) -> int:
     return setup.run.async_groups or 2 * (staleness + 1) * setup.rollout.rollout_batch_size
 
 
-def train_source(setup: TrainSetup) -> DataSource:
+def train_source(setup: TrainSetup, args: argparse.Namespace) -> DataSource:
+    state_path = setup.run.run_dir / "data_state.json"
+    if setup.slime_hooks.data_source_path:  # slime's data source class, built as slime builds it
+        source = load_data_source_class(setup.slime_hooks.data_source_path)(args)
+        return PluginDataSource(source, setup.rollout.n_samples_per_prompt, state_path=state_path)
     assert setup.data.prompt_data is not None, "checked before the run starts"
     return DataSource(
         read_prompts(setup.data.prompt_data, setup.data),
         setup.rollout.n_samples_per_prompt,
         shuffle=setup.data.shuffle,
         seed=setup.data.shuffle_seed,
-        state_path=setup.run.run_dir / "data_state.json",
+        state_path=state_path,
     )
 
 

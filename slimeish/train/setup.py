@@ -33,7 +33,13 @@ from slimeish.rollout.rewards import load_post_process
 from slimeish.rollout.rm_hub import ASYNC_RM_PATH, check_rm_type
 from slimeish.train.launch import StackConfig
 from slimeish.train.slime_flags import SlimeConfig, SlimeFlagError, translate
-from slimeish.train.slime_hooks import SlimeHooks, SlimeHooksConfig, custom_config, with_custom_config
+from slimeish.train.slime_hooks import (
+    SlimeHooks,
+    SlimeHooksConfig,
+    custom_config,
+    load_data_source_class,
+    with_custom_config,
+)
 from slimeish.trainer.config import LossConfig, TrainerConfig
 
 DESCRIPTION = "`slimeish train`: start the parts, then generate → train → sync weights, in one loop."
@@ -172,8 +178,8 @@ def parse_args(argv: list[str] | None, base: TrainSetup | None = None) -> TrainS
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     setup = TrainSetup(**configs, plugin=plugin)
-    if setup.data.prompt_data is None:  # checked here, before any process is started
-        parser.error("--prompt-data is required")
+    if setup.data.prompt_data is None and not setup.slime_hooks.data_source_path:  # before any process starts
+        parser.error("--prompt-data (or --data-source-path) is required")
     return setup
 
 
@@ -209,6 +215,8 @@ def check_plugins(setup: TrainSetup) -> None:
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
     SlimeHooks.load(setup.slime_hooks)
+    if setup.slime_hooks.data_source_path:
+        load_data_source_class(setup.slime_hooks.data_source_path)
 
 
 # slime `args` attributes plugins read that have one value here: their flags are refused

@@ -210,7 +210,6 @@ REFUSED: dict[str, str] = {
     "--rollout-data-transport": ("rollout data goes through the Redis buffer (--buffer-url)"),
     "--num-epoch": ("give --num-rollout (prompts are served in epochs as needed)"),
     "--disable-rollout-global-dataset": ("prompts always come from --prompt-data"),
-    "--data-source-path": ("a rollout function may read its own data; the data source is slimeish's"),
     "--multimodal-keys": ("text-only: no multimodal processor here"),
     "--start-rollout-id": ("--load resumes at the step after the saved one"),
     "--num-steps-per-rollout": (

@@ -2,6 +2,10 @@
 
 - `--custom-config-path`: a YAML whose keys land on `args` (slime sets each with `setattr`, over
   any flag); a key that names a `slimeish train` option also sets that option.
+- `--data-source-path`: slime's data source class, built as `cls(args)`; it serves each new
+  group (`get_samples`), takes groups back (`add_samples`), and saves and loads its own state
+  with each checkpoint (`save(rollout_id)`, `load(rollout_id)`). slimeish numbers the groups it
+  serves and serves a reopened group's members again first, as with its own prompts.
 - `--eval-function-path`: the rollout function evaluation calls (default: the rollout function).
 - `--rollout-sample-filter-path`: called on the groups of a training step; the samples it marks
   `remove_sample` keep their place in the group's advantages but train on no token (slime zeroes
@@ -22,12 +26,17 @@ from typing import Any
 from slimeish.common.config import help_field, load_yaml
 from slimeish.common.plugins import load_function
 from slimeish.common.sample import Sample
+from slimeish.data import DataSource
 from slimeish.rollout import ROLLOUT_SIGNATURE, load_rollout_function
 
 SAMPLE_FILTER_SIGNATURE = "def filter(args, samples: list[list[Sample]]) -> None  # sets sample.remove_sample"
 ROLLOUT_LOG_SIGNATURE = "def log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool"
 EVAL_LOG_SIGNATURE = "def log_eval_rollout_data(rollout_id, args, data, extra_metrics) -> bool"
 # The metric prefixes slime's default rollout logging writes (a custom log function returning True skips them).
+DATA_SOURCE_SIGNATURE = (
+    "class DataSource: __init__(self, args); get_samples(self, num_samples) -> list[list[Sample]]; "
+    "add_samples(self, samples: list[list[Sample]]); save(self, rollout_id); load(self, rollout_id=None)"
+)
 DEFAULT_ROLLOUT_METRICS = ("rollout/", "perf/", "episodes/")
 
 
@@ -35,6 +44,9 @@ DEFAULT_ROLLOUT_METRICS = ("rollout/", "perf/", "episodes/")
 class SlimeHooksConfig:
     custom_config_path: Path | None = help_field(
         None, help="slime's YAML of plugin options: each key is set on args, over any flag (default: None)"
+    )
+    data_source_path: str | None = help_field(
+        None, help=f"slime's data source class, serving the prompts instead of --prompt-data: {DATA_SOURCE_SIGNATURE}"
     )
     eval_function_path: str | None = help_field(
         None, help=f"the rollout function evaluation calls (default: --rollout-function-path): {ROLLOUT_SIGNATURE}"
@@ -125,3 +137,44 @@ class SlimeHooks:
         if self.eval_log is not None and self.eval_log(rollout_id, args, data, extra):
             return {}
         return metrics
+
+
+def load_data_source_class(path: str) -> type[Any]:
+    """Import a --data-source-path class and check it has slime's data source methods."""
+    cls = load_function(path, expected=DATA_SOURCE_SIGNATURE, params=["args"])
+    missing = [m for m in ("get_samples", "add_samples", "save", "load") if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        raise ValueError(
+            f"plugin {path!r} is not a data source class (missing {missing}); expected {DATA_SOURCE_SIGNATURE}"
+        )
+    return cls
+
+
+class PluginDataSource(DataSource):
+    """A slime data source behind slimeish's: the plugin serves each new group, one at a time;
+    slimeish gives it its group number (buffer groups never repeat, also across a resume) and its
+    members their index in the group, and serves regenerated members first."""
+
+    def __init__(self, source: Any, n_samples_per_prompt: int, *, state_path: Path | None = None):
+        super().__init__([], n_samples_per_prompt, shuffle=False, state_path=state_path)
+        self.source = source
+
+    def _next_group(self) -> list[Sample]:
+        if self._returned:
+            return super()._next_group()
+        (group,) = self.source.get_samples(1)
+        if len(group) != self.n_samples_per_prompt:
+            raise ValueError(f"the data source served a group of {len(group)}; expected --n-samples-per-prompt")
+        for index, sample in enumerate(group):
+            sample.group_index, sample.index = self.next_group_index, index
+        self.next_group_index += 1
+        return list(group)
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        self.source.add_samples(groups)
+
+    def save(self, rollout_id: int) -> None:
+        self.source.save(rollout_id)
+
+    def load(self, rollout_id: int) -> None:
+        self.source.load(rollout_id)

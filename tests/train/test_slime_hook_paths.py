@@ -11,8 +11,10 @@ import pytest
 from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.rollout import RolloutFnEvalOutput
+from slimeish.train.checkpoint import resume, save
 from slimeish.train.collect import evaluate
 from slimeish.train.loop import train_and_sync
+from slimeish.train.parts import train_source
 from slimeish.train.setup import check_plugins, parse_args, plugin_args
 from slimeish.train.slime_hooks import SlimeHooks, SlimeHooksConfig
 
@@ -53,6 +55,32 @@ def log_eval_rollout_data(rollout_id, args, data, extra_metrics):
     return True
 
 
+class CountingSource:
+    """slime's data source interface: groups of n copies of "q0", "q1", ..."""
+
+    def __init__(self, args):
+        self.n, self.next, self.saved, self.added = args.n_samples_per_prompt, 0, [], []
+
+    def get_samples(self, num_samples):
+        groups = [[Sample(prompt=f"q{self.next + g}") for _ in range(self.n)] for g in range(num_samples)]
+        self.next += num_samples
+        return groups
+
+    def add_samples(self, samples):
+        self.added += samples
+
+    def save(self, rollout_id):
+        self.saved.append(rollout_id)
+
+    def load(self, rollout_id=None):
+        self.next = 100 * rollout_id
+
+
+class NotASource:
+    def __init__(self, args):
+        self.args = args
+
+
 def wrong_hook(args):  # one parameter: fits no hook
     return True
 
@@ -63,7 +91,8 @@ def wrong_hook(args):  # one parameter: fits no hook
 def _argv(tmp_path: Path, *extra: str) -> list[str]:
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"prompt": "hi"}) + "\n")
-    return ["--model-path", str(tmp_path), "--prompt-data", str(data), *extra]
+    (tmp_path / "run").mkdir(exist_ok=True)
+    return ["--model-path", str(tmp_path), "--prompt-data", str(data), "--run-dir", str(tmp_path / "run"), *extra]
 
 
 def _sample(index: int, length: int, reward: float) -> Sample:
@@ -95,6 +124,45 @@ def test_a_missing_custom_config_stops_at_start_up(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(_argv(tmp_path, "--custom-config-path", str(tmp_path / "nope.yaml")))
     assert exc.value.code == 2 and "nope.yaml" in capsys.readouterr().err
+
+
+# --- --data-source-path ------------------------------------------------------------------------
+
+
+def test_a_data_source_feeds_the_prompts_numbered_and_regenerated_by_slimeish(tmp_path):
+    setup = parse_args(_argv(tmp_path, "--n-samples-per-prompt", "2", "--data-source-path", f"{HERE}.CountingSource"))
+    check_plugins(setup)
+    data = train_source(setup, plugin_args(setup, "http://127.0.0.1:9", "t"))
+    groups = data.get_samples(2)
+    assert [[(s.prompt, s.group_index, s.index) for s in g] for g in groups] == [
+        [("q0", 0, 0), ("q0", 0, 1)],
+        [("q1", 1, 0), ("q1", 1, 1)],
+    ]
+    data.regenerate(0, [1], "q0")  # a reopened group's stale member comes back first
+    assert [(s.prompt, s.group_index, s.index) for g in data.get_samples(2) for s in g] == [
+        ("q0", 0, 1), ("q2", 2, 0), ("q2", 2, 1)
+    ]  # fmt: skip
+    data.add_samples([groups[0]])
+    assert data.source.added == groups[0:1]
+
+
+def test_a_data_source_saves_and_loads_its_state_with_the_checkpoints(tmp_path):
+    setup = parse_args(_argv(tmp_path, "--n-samples-per-prompt", "1", "--data-source-path", f"{HERE}.CountingSource"))
+    data = train_source(setup, plugin_args(setup, "http://127.0.0.1:9", "t"))
+    trainer = SimpleNamespace(
+        save=lambda path, data_state: SEEN.update(state=data_state), load=lambda path: SEEN["state"]
+    )
+    (tmp_path / "ckpt").mkdir()
+    save(trainer, data, tmp_path / "ckpt", 3, [])
+    assert data.source.saved == [3]
+    assert resume(trainer, data, tmp_path / "ckpt" / "latest")[0] == 3
+    assert data.get_samples(1)[0][0].prompt == "q300"  # the plugin's own state, loaded for step 3
+
+
+def test_a_class_without_the_data_source_methods_stops_at_start_up(tmp_path):
+    setup = parse_args(_argv(tmp_path, "--data-source-path", f"{HERE}.NotASource"))
+    with pytest.raises(ValueError, match="not a data source class"):
+        check_plugins(setup)
 
 
 # --- --eval-function-path and --custom-eval-rollout-log-function-path ------------------------------
