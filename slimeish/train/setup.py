@@ -215,6 +215,10 @@ def check_plugins(setup: TrainSetup) -> None:
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
     SlimeHooks.load(setup.slime_hooks)
+    if setup.loss.custom_advantage_function_path:  # the trainer loads it again; torch only when it is given
+        from slimeish.trainer.custom_advantages import load_advantage_function
+
+        load_advantage_function(setup.loss.custom_advantage_function_path)
     if setup.slime_hooks.data_source_path:
         load_data_source_class(setup.slime_hooks.data_source_path)
 

@@ -344,7 +344,6 @@ _refuse_all(["--normalize-advantages", "--use-unbiased-kl", "--use-rollout-entro
 _refuse_all(
     [
         "--custom-loss-function-path",
-        "--custom-advantage-function-path",
         "--custom-tis-function-path",
         "--custom-pg-loss-reducer-function-path",
         "--opsm-delta",

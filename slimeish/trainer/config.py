@@ -55,6 +55,12 @@ class LossConfig:
         "`slimeish engine` at --rm-url); megatron (a teacher in the trainer) is not supported",
     )
     opd_kl_coef: float = help_field(1.0, help="weight of the OPD reverse KL in the advantages")
+    custom_advantage_function_path: str | None = help_field(
+        None,
+        help="slime's advantage hook, called in place of --advantage-estimator on each train step's samples: "
+        "def custom_fn(args, rollout_data) -> None, setting rollout_data['advantages'] (one tensor per sample over "
+        "its response tokens; slimeish.trainer.custom_advantages) (default: None)",
+    )
 
     def __post_init__(self) -> None:
         if self.eps_clip < 0 or (self.eps_clip_high is not None and self.eps_clip_high < 0):

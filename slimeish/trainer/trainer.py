@@ -27,6 +27,7 @@ from slimeish.trainer.advantages import (
 from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.convert import hf_to_megatron
+from slimeish.trainer.custom_advantages import custom_advantages, load_advantage_function
 from slimeish.trainer.distributed import (
     all_reduce_data_parallel,
     data_parallel_rank_and_size,
@@ -69,6 +70,8 @@ class Trainer:
         else:
             self.optimizer = build_cpu_optimizer(self.model, config)
         self.state = checkpoint.TrainerState()
+        path = self.loss_config.custom_advantage_function_path
+        self._custom_advantages = load_advantage_function(path) if path else None
 
     def _build(self, weights: dict[str, Tensor]) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
@@ -106,6 +109,9 @@ class Trainer:
     # ---- training --------------------------------------------------------------------------
 
     def advantages(self, samples: Sequence[Sample]) -> Tensor:
+        """[n] per-sample advantages, or [n, R] per-token ones from a custom advantage function."""
+        if self._custom_advantages is not None:
+            return custom_advantages(self._custom_advantages, self.loss_config, samples)
         return group_normalized_advantages(
             sample_rewards(samples),
             sample_group_ids(samples),

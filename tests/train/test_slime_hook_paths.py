@@ -254,6 +254,7 @@ def test_a_rollout_log_function_returning_false_keeps_them():
         ("--custom-eval-rollout-log-function-path", "def log_eval_rollout_data(rollout_id, args, data"),
         ("--rollout-sample-filter-path", "def filter(args, samples"),
         ("--eval-function-path", "def generate_rollout(args, rollout_id"),
+        ("--custom-advantage-function-path", "def custom_fn(args, rollout_data"),
     ],
 )
 def test_a_hook_with_the_wrong_signature_stops_the_run_naming_the_expected_one(tmp_path, flag, expected):

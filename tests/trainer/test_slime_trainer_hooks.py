@@ -1,0 +1,61 @@
+"""slime's trainer-side hooks with slime's signatures, called where slime calls them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.trainer.trainer import Trainer
+from tests.trainer.trainer_helpers import random_samples
+
+HERE = __name__
+SEEN: dict[str, object] = {}
+
+
+def first_sample_only(args, rollout_data):
+    """slime's signature: per-token advantages set in place; +1 on each token of sample 0 only."""
+    SEEN["rewards"], SEEN["group_size"] = rollout_data["rewards"], args.n_samples_per_prompt
+    lengths = rollout_data["response_lengths"]
+    rollout_data["advantages"] = [torch.full((r,), 1.0 if i == 0 else 0.0) for i, r in enumerate(lengths)]
+    rollout_data["returns"] = rollout_data["advantages"]
+
+
+def one_token_short(args, rollout_data):
+    rollout_data["advantages"] = [torch.zeros(r - 1) for r in rollout_data["response_lengths"]]
+    rollout_data["returns"] = rollout_data["advantages"]
+
+
+def no_rollout_data(args):
+    return None
+
+
+def _trainer(tiny_model, path: str) -> Trainer:
+    return Trainer(TrainerConfig(model_path=tiny_model, lr=1e-2),
+                   LossConfig(custom_advantage_function_path=f"{HERE}.{path}"))  # fmt: skip
+
+
+def test_a_custom_advantage_functions_values_are_the_ones_trained_on(tiny_model):
+    trainer = _trainer(tiny_model, "first_sample_only")
+    samples = random_samples(2, 2, seed=4)
+    for s in samples:
+        s.reward = 0.5  # equal rewards: GRPO's advantages would all be 0, so any change is the plugin's
+    advantages = trainer.advantages(samples)
+    assert advantages[0, : samples[0].response_length].tolist() == [1.0] * samples[0].response_length
+    assert advantages[1:].abs().sum() == 0
+    assert SEEN == {"rewards": [0.5] * 4, "group_size": 2}
+    before = trainer.compute_log_probs(samples)
+    trainer.train_step(samples)
+    after = trainer.compute_log_probs(samples)
+    assert sum(after[0]) > sum(before[0])  # the one sample with a positive advantage became likelier
+
+
+def test_advantages_of_the_wrong_length_stop_the_step_naming_the_signature(tiny_model):
+    trainer = _trainer(tiny_model, "one_token_short")
+    with pytest.raises(ValueError, match="rollout_data"):
+        trainer.train_step(random_samples(1, 2, seed=4))
+
+
+def test_a_custom_advantage_function_with_the_wrong_signature_stops_the_trainer(tiny_model):
+    with pytest.raises(ValueError, match="def custom_fn\\(args, rollout_data"):
+        _trainer(tiny_model, "no_rollout_data")
