@@ -91,8 +91,11 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
             with timed(metrics, "time/rollout"):
                 taken = await collect_groups(p.buffer, p.producer, n_groups, p.trainer.weight_version, run.mode)
             metrics |= {f"buffer/{name}": float(n) for name, n in taken.counters().items()}
-            metrics |= await train_and_sync(p, taken.groups)
-            step_s = metrics["time/rollout"] + metrics["time/train"] + metrics["time/sync"]
+            if run.debug_rollout_only:  # slime's rollout-only run: the groups are logged, never trained
+                metrics |= batch_metrics([s for g in taken.groups for s in g.samples], p.trainer.weight_version)
+            else:
+                metrics |= await train_and_sync(p, taken.groups)
+            step_s = sum(metrics.get(f"time/{phase}", 0.0) for phase in ("rollout", "train", "sync"))
             metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens", 0.0) / step_s
             samples = [s for g in taken.groups for s in g.samples]
             metrics = p.hooks.log_rollout(step, p.args, samples, metrics, metrics["time/rollout"])

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from slimeish.buffer import BufferConfig
 from slimeish.cluster import ClusterConfig
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field, load_yaml
-from slimeish.data import DataConfig
+from slimeish.data import DataConfig, read_prompts
 from slimeish.rollout import (
     RolloutConfig,
     check_rollout_config,
@@ -51,6 +51,14 @@ class RunConfig:
     run_id: str | None = help_field(None, help="buffer namespace of this run (default: the run dir's name)")
     mode: Literal["sync", "async"] = help_field("sync", help="sync: generate, then train; async: both at once")
     num_rollout: int = help_field(10, help="rollout steps (one training step each)")
+    num_epoch: int | None = help_field(
+        None,
+        help="slime's epochs over --prompt-data: --num-rollout becomes num_epoch x prompts // rollout_batch_size "
+        "(a --num-rollout given wins, as in slime) (default: None)",
+    )
+    debug_rollout_only: bool = help_field(
+        False, help="slime's rollout-only run: each step generates and logs its groups, with no training or weight sync"
+    )
     eval_interval: int | None = help_field(None, help="evaluate on --eval-prompt-data every N steps (and first/last)")
     save_interval: int | None = help_field(None, help="save a checkpoint every N steps (and at the end)")
     load: Path | None = help_field(
@@ -178,9 +186,20 @@ def parse_args(argv: list[str] | None, base: TrainSetup | None = None) -> TrainS
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     setup = TrainSetup(**configs, plugin=plugin)
+    if setup.run.num_epoch and ns.num_rollout is None and "num_rollout" not in values:
+        setup.run = dataclasses.replace(setup.run, num_rollout=epochs_to_rollouts(setup))
     if setup.data.prompt_data is None and not setup.slime_hooks.data_source_path:  # before any process starts
         parser.error("--prompt-data (or --data-source-path) is required")
     return setup
+
+
+def epochs_to_rollouts(setup: TrainSetup) -> int:
+    """slime's --num-epoch: the rollout steps that serve every prompt that many times."""
+    if setup.data.prompt_data is None:
+        raise ValueError("--num-epoch counts the prompts of --prompt-data: give it, or --num-rollout")
+    unrendered = dataclasses.replace(setup.data, apply_chat_template=False)  # counting needs no tokenizer
+    n_prompts = len(read_prompts(setup.data.prompt_data, unrendered))
+    return max(1, setup.run.num_epoch or 0) * n_prompts // setup.rollout.rollout_batch_size
 
 
 def plugin_title(rollout_path: str) -> str:

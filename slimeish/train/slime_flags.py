@@ -149,8 +149,14 @@ RULES: dict[str, Rule] = {
     "--advantage-estimator": _to(1, _advantage_estimator),
     "--disable-grpo-std-normalization": _to(0, lambda _: ["--advantage-estimator", "dr_grpo"]),
     "--eval-prompt-data": _to("+", _eval_prompt_data),
+    "--disable-compute-advantages-and-returns": _to(0, lambda _: ["--no-compute-advantages"]),
     "--rollout-external-engine-addrs": _to("+", _engine_addrs),
     # accepted with a note: what slimeish always does, or Megatron speed/memory tuning
+    "--debug-train-only": _noop(
+        0,
+        "engines start anyway: slime's train-only run (its SFT rollout) generates nothing and leaves them idle; "
+        "its debug rollout data (--load-debug-rollout-data) is refused",
+    ),
     "--use-kl-loss": _noop(0, "the KL loss is on when --kl-loss-coef (--kl-coef) > 0"),
     "--use-dynamic-batch-size": _noop(0, "micro-batches are always packed by --micro-batch-tokens"),
     "--get-mismatch-metrics": _noop(0, "train/rollout_kl and the IS-weight metrics are always logged"),
@@ -208,7 +214,6 @@ REFUSED: dict[str, str] = {
     "--rollout-all-samples-process-path": ("use --custom-reward-post-process-path"),
     "--rollout-data-postprocess-path": ("use --custom-reward-post-process-path"),
     "--rollout-data-transport": ("rollout data goes through the Redis buffer (--buffer-url)"),
-    "--num-epoch": ("give --num-rollout (prompts are served in epochs as needed)"),
     "--disable-rollout-global-dataset": ("prompts always come from --prompt-data"),
     "--multimodal-keys": ("text-only: no multimodal processor here"),
     "--start-rollout-id": ("--load resumes at the step after the saved one"),
@@ -350,7 +355,6 @@ _refuse_all(
     ],
     "losses are --loss-type, --policy-loss, --advantage-estimator and --tis (docs/losses.md)",
 )
-_refuse_all(["--disable-compute-advantages-and-returns"], "advantages are always computed per group")
 _refuse_all(
     ["--opd-teacher-load", "--opd-teacher-ckpt-step"],
     "no teacher inside the trainer: --opd-type sglang, with the teacher served by `slimeish engine --model TEACHER` "
@@ -408,8 +412,6 @@ _refuse_all(
         "--check-weight-update-equal",
         "--ci-test",
         "--ci-disable-kl-checker",
-        "--debug-rollout-only",
-        "--debug-train-only",
     ],
     DEBUG,
 )

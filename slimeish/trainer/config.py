@@ -55,6 +55,11 @@ class LossConfig:
         "`slimeish engine` at --rm-url); megatron (a teacher in the trainer) is not supported",
     )
     opd_kl_coef: float = help_field(1.0, help="weight of the OPD reverse KL in the advantages")
+    compute_advantages: bool = help_field(
+        True,
+        help="off: slime's --disable-compute-advantages-and-returns, for a loss that uses no advantages "
+        "(--loss-type sft_loss)",
+    )
     custom_advantage_function_path: str | None = help_field(
         None,
         help="slime's advantage hook, called in place of --advantage-estimator on each train step's samples: "
@@ -70,6 +75,11 @@ class LossConfig:
         if self.loss_type == "sft_loss" and self.tis:
             raise ValueError("--loss-type sft_loss trains on no rollout log-probs; drop --tis")
         self._check_opd()
+        if not self.compute_advantages and self.loss_type != "sft_loss":
+            raise ValueError(
+                "--no-compute-advantages (slime's --disable-compute-advantages-and-returns): the policy loss trains "
+                "on advantages; only --loss-type sft_loss uses none"
+            )
         if self.tis and self.old_log_probs == "rollout":
             raise ValueError("tis corrects trainer-vs-rollout mismatch; it needs old_log_probs='trainer'")
         if not 0 <= self.tis_clip_low <= self.tis_clip_high:

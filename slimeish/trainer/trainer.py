@@ -110,6 +110,8 @@ class Trainer:
 
     def advantages(self, samples: Sequence[Sample]) -> Tensor:
         """[n] per-sample advantages, or [n, R] per-token ones from a custom advantage function."""
+        if not self.loss_config.compute_advantages:  # slime's SFT: the loss reads none
+            return torch.zeros(len(samples))
         if self._custom_advantages is not None:
             return custom_advantages(self._custom_advantages, self.loss_config, samples)
         return group_normalized_advantages(

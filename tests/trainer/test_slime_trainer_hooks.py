@@ -59,3 +59,19 @@ def test_advantages_of_the_wrong_length_stop_the_step_naming_the_signature(tiny_
 def test_a_custom_advantage_function_with_the_wrong_signature_stops_the_trainer(tiny_model):
     with pytest.raises(ValueError, match="def custom_fn\\(args, rollout_data"):
         _trainer(tiny_model, "no_rollout_data")
+
+
+def test_disabled_advantages_train_sft_samples_that_carry_no_reward(tiny_model):
+    """slime's --disable-compute-advantages-and-returns (its SFT launch line): no reward is read."""
+    samples = random_samples(1, 2, seed=6)
+    for s in samples:
+        s.reward = None
+    with pytest.raises(ValueError, match="reward must be a number"):
+        Trainer(TrainerConfig(model_path=tiny_model), LossConfig(loss_type="sft_loss")).train_step(samples)
+    sft = Trainer(TrainerConfig(model_path=tiny_model), LossConfig(loss_type="sft_loss", compute_advantages=False))
+    assert sft.train_step(samples)["loss"] > 0
+
+
+def test_disabled_advantages_are_refused_for_the_policy_loss():
+    with pytest.raises(ValueError, match="only --loss-type sft_loss"):
+        LossConfig(compute_advantages=False)
