@@ -41,6 +41,7 @@ from slimeish.train.slime_hooks import (
     with_custom_config,
 )
 from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.trainer.megatron_hooks import MegatronHooks
 
 DESCRIPTION = "`slimeish train`: start the parts, then generate → train → sync weights, in one loop."
 
@@ -234,6 +235,12 @@ def check_plugins(setup: TrainSetup) -> None:
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
     SlimeHooks.load(setup.slime_hooks)
+    t = setup.trainer
+    MegatronHooks.load(
+        t.custom_megatron_init_path,
+        t.custom_megatron_before_log_prob_hook_path,
+        t.custom_megatron_before_train_step_hook_path,
+    )
     if setup.loss.custom_advantage_function_path:  # the trainer loads it again; torch only when it is given
         from slimeish.trainer.custom_advantages import load_advantage_function
 

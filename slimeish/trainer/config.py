@@ -123,6 +123,18 @@ class TrainerConfig:
         None, help="samples per optimizer step; a train_step batch must be a multiple (unset: one step per call)"
     )
     seed: int = help_field(0, help="random seed")
+    custom_megatron_init_path: str | None = help_field(
+        None, help="slime's hook run once the process group is up, before the model is built: def init(args) -> None"
+    )
+    custom_megatron_before_log_prob_hook_path: str | None = help_field(
+        None,
+        help="slime's hook run before each forward-only log-prob pass: def hook(args, model, store_prefix) -> None",
+    )
+    custom_megatron_before_train_step_hook_path: str | None = help_field(
+        None,
+        help="slime's hook run before each optimizer step, gradients zeroed: def hook(args, rollout_id, step_id, "
+        "model, optimizer, opt_param_scheduler) -> None (opt_param_scheduler: None here)",
+    )
 
     def __post_init__(self) -> None:
         self.model_path = Path(self.model_path)

@@ -5,14 +5,13 @@ over its response tokens. slime calls it in place of its estimator; so does the 
 `rollout_data` holds slime's keys for what a batch has here: `rewards` (the samples' rewards, as
 trained: after any reward post-process), `response_lengths`, `loss_masks`, `rollout_log_probs`
 (None where a sample has none), `kl` (zeros: the KL is a loss here, not a reward penalty) and
-`values` (None: no critic). `args` holds the loss options under their flag names and
+`values` (None: no critic). `args` holds the trainer's and loss's options under their flag names and
 `n_samples_per_prompt` (the batch's group size) for group-wise estimators.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,10 +33,10 @@ def load_advantage_function(path: str) -> Callable[..., Any]:
     return load_function(path, expected=ADVANTAGE_SIGNATURE, params=["args", "rollout_data"], is_async=False)
 
 
-def custom_advantages(fn: Callable[..., Any], loss_options: Any, samples: Sequence[Sample]) -> Tensor:
+def custom_advantages(fn: Callable[..., Any], trainer_args: argparse.Namespace, samples: Sequence[Sample]) -> Tensor:
     """[n, R] per-token advantages from `fn` (R: the batch's longest response; padding is 0)."""
-    sizes = set(Counter(sample_group_ids(samples)).values())
-    args = argparse.Namespace(**dataclasses.asdict(loss_options), n_samples_per_prompt=max(sizes))
+    group_size = max(Counter(sample_group_ids(samples)).values())
+    args = argparse.Namespace(**vars(trainer_args), n_samples_per_prompt=group_size)
     rollout_data: dict[str, Any] = {
         "rewards": sample_rewards(samples).tolist(),
         "response_lengths": [s.response_length for s in samples],

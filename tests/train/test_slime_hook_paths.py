@@ -255,6 +255,8 @@ def test_a_rollout_log_function_returning_false_keeps_them():
         ("--rollout-sample-filter-path", "def filter(args, samples"),
         ("--eval-function-path", "def generate_rollout(args, rollout_id"),
         ("--custom-advantage-function-path", "def custom_fn(args, rollout_data"),
+        ("--custom-megatron-before-log-prob-hook-path", "def hook(args, model, store_prefix"),
+        ("--custom-megatron-before-train-step-hook-path", "def hook(args, rollout_id, step_id, model, optimizer"),
     ],
 )
 def test_a_hook_with_the_wrong_signature_stops_the_run_naming_the_expected_one(tmp_path, flag, expected):

@@ -75,3 +75,36 @@ def test_disabled_advantages_train_sft_samples_that_carry_no_reward(tiny_model):
 def test_disabled_advantages_are_refused_for_the_policy_loss():
     with pytest.raises(ValueError, match="only --loss-type sft_loss"):
         LossConfig(compute_advantages=False)
+
+
+def megatron_init(args):
+    SEEN["init"] = (args.lr, args.loss_type, torch.distributed.is_initialized())
+
+
+def before_log_prob(args, model, store_prefix):
+    SEEN.setdefault("log_prob", []).append((store_prefix, model.training))
+
+
+def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_scheduler):
+    """slime's usage: adjust the step from here. Zeroing the learning rate makes the step a no-op."""
+    SEEN.setdefault("train_step", []).append((rollout_id, step_id, opt_param_scheduler))
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+
+
+def test_megatron_hooks_run_where_slime_runs_them(tiny_model):
+    SEEN.clear()
+    config = TrainerConfig(
+        model_path=tiny_model, lr=5e-2, global_batch_size=4,
+        custom_megatron_init_path=f"{HERE}.megatron_init",
+        custom_megatron_before_log_prob_hook_path=f"{HERE}.before_log_prob",
+        custom_megatron_before_train_step_hook_path=f"{HERE}.before_train_step",
+    )  # fmt: skip
+    trainer = Trainer(config, LossConfig())
+    assert SEEN["init"] == (5e-2, "policy_loss", True)  # after the process group, with the options on args
+    before = {k: v.clone() for k, v in trainer.hf_state_dict().items()}
+    trainer.train_step(random_samples(2, 4, seed=7))  # two optimizer steps: pi_old is a forward-only pass
+    assert SEEN["log_prob"] == [("", False)]
+    assert SEEN["train_step"] == [(0, 0, None), (0, 1, None)]
+    after = trainer.hf_state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the hook's lr of 0 was the one stepped with
