@@ -241,10 +241,13 @@ def check_plugins(setup: TrainSetup) -> None:
         t.custom_megatron_before_log_prob_hook_path,
         t.custom_megatron_before_train_step_hook_path,
     )
-    if setup.loss.custom_advantage_function_path:  # the trainer loads it again; torch only when it is given
-        from slimeish.trainer.custom_advantages import load_advantage_function
+    if setup.loss.custom_advantage_function_path or setup.loss.rollout_data_postprocess_path:
+        from slimeish.trainer import rollout_data  # torch only when a hook needs it; the trainer loads them again
 
-        load_advantage_function(setup.loss.custom_advantage_function_path)
+        if setup.loss.custom_advantage_function_path:
+            rollout_data.load_advantage_function(setup.loss.custom_advantage_function_path)
+        if setup.loss.rollout_data_postprocess_path:
+            rollout_data.load_postprocess(setup.loss.rollout_data_postprocess_path)
     if setup.slime_hooks.data_source_path:
         load_data_source_class(setup.slime_hooks.data_source_path)
 

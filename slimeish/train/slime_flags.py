@@ -211,8 +211,10 @@ REFUSED: dict[str, str] = {
     "--rollout-max-prompt-len": ("prompts are not filtered by length: filter the --prompt-data JSONL"),
     "--rollout-sample-hook-path": ("no sample hooks: a --custom-generate-function-path wraps generate"),
     "--buffer-filter-path": ("groups are filtered by --dynamic-sampling-filter-path or --group-filter-path"),
-    "--rollout-all-samples-process-path": ("use --custom-reward-post-process-path"),
-    "--rollout-data-postprocess-path": ("use --custom-reward-post-process-path"),
+    "--rollout-all-samples-process-path": (
+        "groups a dynamic filter drops stay in the buffer, never handed back to a rollout step: see the trained "
+        "ones with --rollout-sample-filter-path or --custom-rollout-log-function-path"
+    ),
     "--rollout-data-transport": ("rollout data goes through the Redis buffer (--buffer-url)"),
     "--disable-rollout-global-dataset": ("prompts always come from --prompt-data"),
     "--multimodal-keys": ("text-only: no multimodal processor here"),

@@ -64,7 +64,13 @@ class LossConfig:
         None,
         help="slime's advantage hook, called in place of --advantage-estimator on each train step's samples: "
         "def custom_fn(args, rollout_data) -> None, setting rollout_data['advantages'] (one tensor per sample over "
-        "its response tokens; slimeish.trainer.custom_advantages) (default: None)",
+        "its response tokens; slimeish.trainer.rollout_data) (default: None)",
+    )
+    rollout_data_postprocess_path: str | None = help_field(
+        None,
+        help="slime's hook on each train step's batch once its advantages are computed: def postprocess(args, "
+        "rollout_id, rollout_data) -> None; the loss_masks and advantages it leaves are trained on "
+        "(slimeish.trainer.rollout_data) (default: None)",
     )
 
     def __post_init__(self) -> None:

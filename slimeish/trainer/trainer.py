@@ -27,7 +27,6 @@ from slimeish.trainer.advantages import (
 from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.convert import hf_to_megatron
-from slimeish.trainer.custom_advantages import custom_advantages, load_advantage_function
 from slimeish.trainer.distributed import (
     all_reduce_data_parallel,
     data_parallel_rank_and_size,
@@ -44,6 +43,7 @@ from slimeish.trainer.optimizer import (
     set_lr,
     wrap_gpu_model,
 )
+from slimeish.trainer.rollout_data import custom_advantages, load_advantage_function, load_postprocess, postprocess
 
 
 class Trainer:
@@ -81,6 +81,8 @@ class Trainer:
         self.state = checkpoint.TrainerState()
         path = self.loss_config.custom_advantage_function_path
         self._custom_advantages = load_advantage_function(path) if path else None
+        path = self.loss_config.rollout_data_postprocess_path
+        self._postprocess = load_postprocess(path) if path else None
 
     def _build(self, weights: dict[str, Tensor]) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
@@ -141,6 +143,8 @@ class Trainer:
         validate_samples(samples)
         self._check_rollout_log_probs(samples)
         advantages = self.advantages(samples)
+        if self._postprocess is not None:  # slime's rollout_id: the rollout step this call trains
+            advantages = postprocess(self._postprocess, self.args, self.weight_version, samples, advantages)
         steps = split_global_batches(samples, self.config.global_batch_size)
         # pi_old must be the weights that existed before this call; with one step it equals the
         # detached current log-probs, so the extra forward pass is only paid for several steps.

@@ -255,6 +255,7 @@ def test_a_rollout_log_function_returning_false_keeps_them():
         ("--rollout-sample-filter-path", "def filter(args, samples"),
         ("--eval-function-path", "def generate_rollout(args, rollout_id"),
         ("--custom-advantage-function-path", "def custom_fn(args, rollout_data"),
+        ("--rollout-data-postprocess-path", "def postprocess(args, rollout_id: int, rollout_data"),
         ("--custom-megatron-before-log-prob-hook-path", "def hook(args, model, store_prefix"),
         ("--custom-megatron-before-train-step-hook-path", "def hook(args, rollout_id, step_id, model, optimizer"),
     ],

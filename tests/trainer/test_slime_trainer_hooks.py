@@ -108,3 +108,33 @@ def test_megatron_hooks_run_where_slime_runs_them(tiny_model):
     assert SEEN["train_step"] == [(0, 0, None), (0, 1, None)]
     after = trainer.hf_state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the hook's lr of 0 was the one stepped with
+
+
+def mask_first_token_double_advantage(args, rollout_id, rollout_data):
+    """slime's use: edit loss masks (and advantages) in place once the advantages are computed."""
+    SEEN["postprocess"] = (rollout_id, args.n_samples_per_prompt, [a.clone() for a in rollout_data["advantages"]])
+    for mask in rollout_data["loss_masks"]:
+        mask[0] = 0
+    rollout_data["advantages"] = [2 * a for a in rollout_data["advantages"]]
+
+
+def test_a_rollout_data_postprocess_sets_the_masks_and_advantages_trained_on(tiny_model, monkeypatch):
+    loss = LossConfig(rollout_data_postprocess_path=f"{HERE}.mask_first_token_double_advantage")
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=0.0), loss)
+    samples = random_samples(2, 2, seed=8)
+    trained = {}
+    real_step = trainer._optimizer_step
+
+    def spy(batch, advantages, old, step_id):
+        trained["masks"], trained["advantages"] = [s.loss_mask for s in batch], advantages.clone()
+        return real_step(batch, advantages, old, step_id)
+
+    monkeypatch.setattr(trainer, "_optimizer_step", spy)
+    trainer.train_step(samples)
+    rollout_id, group_size, before = SEEN["postprocess"]
+    assert (rollout_id, group_size) == (0, 2)
+    assert all(m[0] == 0 and all(m[1:]) for m in trained["masks"])
+    grpo = trainer.advantages(samples)
+    for i, s in enumerate(samples):
+        assert torch.equal(before[i], grpo[i].expand(s.response_length))  # it saw the GRPO advantages
+        assert torch.allclose(trained["advantages"][i, : s.response_length], 2 * grpo[i])
