@@ -31,6 +31,7 @@ from slimeish.rollout import (
 from slimeish.rollout.dynamic_filter import DynamicFilter
 from slimeish.rollout.rewards import load_post_process
 from slimeish.rollout.rm_hub import ASYNC_RM_PATH, check_rm_type
+from slimeish.rollout.sample_hooks import load_sample_hooks
 from slimeish.train.launch import StackConfig
 from slimeish.train.slime_flags import SlimeConfig, SlimeFlagError, translate
 from slimeish.train.slime_hooks import (
@@ -225,6 +226,7 @@ def check_plugins(setup: TrainSetup) -> None:
         load_reward_function(cfg.custom_rm_path)
     if cfg.custom_reward_post_process_path:
         load_post_process(cfg.custom_reward_post_process_path)
+    load_sample_hooks(cfg.rollout_sample_hook_path)
     if setup.slime.rm_type and cfg.custom_rm_path == ASYNC_RM_PATH:
         check_rm_type(setup.slime.rm_type, setup.slime.rm_url)
     if cfg.dynamic_sampling_filter_path:

@@ -209,7 +209,6 @@ REFUSED: dict[str, str] = {
     ),
     "--mask-offpolicy-in-partial-rollout": ("no partial rollout"),
     "--rollout-max-prompt-len": ("prompts are not filtered by length: filter the --prompt-data JSONL"),
-    "--rollout-sample-hook-path": ("no sample hooks: a --custom-generate-function-path wraps generate"),
     "--buffer-filter-path": ("groups are filtered by --dynamic-sampling-filter-path or --group-filter-path"),
     "--rollout-all-samples-process-path": (
         "groups a dynamic filter drops stay in the buffer, never handed back to a rollout step: see the trained "

@@ -11,12 +11,15 @@ import pytest
 from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.rollout import RolloutFnEvalOutput
+from slimeish.rollout_functions.token_in import generate_rollout
 from slimeish.train.checkpoint import resume, save
 from slimeish.train.collect import evaluate
 from slimeish.train.loop import train_and_sync
 from slimeish.train.parts import train_source
 from slimeish.train.setup import check_plugins, parse_args, plugin_args
 from slimeish.train.slime_hooks import SlimeHooks, SlimeHooksConfig
+from tests.demo.conftest import router, stand_in_router  # noqa: F401  (the stand-in router fixture)
+from tests.demo.test_openai_agent import make_args
 
 HERE = __name__
 SEEN: dict[str, object] = {}
@@ -53,6 +56,28 @@ def log_rollout_and_keep_defaults(rollout_id, args, samples, rollout_extra_metri
 def log_eval_rollout_data(rollout_id, args, data, extra_metrics):
     SEEN["eval_log"] = (rollout_id, data, extra_metrics)
     return True
+
+
+async def fixed_generate(args, sample, sampling_params):
+    sample.response, sample.status = "draft", Sample.Status.COMPLETED
+    return sample
+
+
+def uppercase(args, sample, *, rollout_id=None, evaluation=False):
+    sample.response = sample.response.upper()  # edited in place: None keeps it
+    SEEN.setdefault("hooked", []).append((rollout_id, evaluation))
+
+
+async def tagged(args, sample, *, rollout_id=None, evaluation=False):
+    return Sample(**{**sample.__dict__, "response": sample.response + "!"})  # a new sample replaces it
+
+
+async def exact_answer(args, sample):
+    return float(sample.response == "DRAFT!")
+
+
+def no_keywords(args, sample):
+    return None
 
 
 class CountingSource:
@@ -97,6 +122,26 @@ def _argv(tmp_path: Path, *extra: str) -> list[str]:
 
 def _sample(index: int, length: int, reward: float) -> Sample:
     return Sample(index=index, tokens=[1] * (2 + length), response_length=length, loss_mask=[1] * length, reward=reward)
+
+
+# --- --rollout-sample-hook-path, in token_in before the reward -------------------------------
+
+
+def test_sample_hooks_run_in_order_before_the_reward(router):  # noqa: F811
+    SEEN.pop("hooked", None)
+    hooks = [f"{HERE}.uppercase", f"{HERE}.tagged"]
+    plugins = {"custom_generate_function_path": f"{HERE}.fixed_generate", "custom_rm_path": f"{HERE}.exact_answer"}
+    args = make_args(router, rollout_batch_size=1, n_samples_per_prompt=2, rollout_sample_hook_path=hooks, **plugins)
+    groups = DataSource([Sample(prompt="q")], 2, shuffle=False)
+    out = generate_rollout(args, 5, groups)
+    assert [(s.response, s.reward) for s in out.samples[0]] == [("DRAFT!", 1.0)] * 2
+    assert SEEN["hooked"] == [(5, False)] * 2
+
+
+def test_a_sample_hook_without_slimes_keywords_stops_at_start_up(tmp_path):
+    setup = parse_args(_argv(tmp_path, "--rollout-sample-hook-path", f"{HERE}.no_keywords"))
+    with pytest.raises(ValueError, match="rollout_id=None, evaluation=False"):
+        check_plugins(setup)
 
 
 # --- --custom-config-path ----------------------------------------------------------------------
