@@ -175,6 +175,7 @@ def sync_config(run: RunConfig, stack: RunningStack) -> WeightSyncConfig:
     if run.weight_sync == "distributed":  # NCCL groups are per engine: the router cannot fan them out
         return WeightSyncConfig(engine_urls=stack.engine_urls, method="distributed", disk_dir=disk_dir)
     return WeightSyncConfig(  # the first router updates each engine once; the others record it
+        post_write_path=run.custom_update_weight_post_write_path,
         router_url=stack.router_url,
         record_router_urls=stack.router_urls[1:],
         admin_token=stack.admin_token,

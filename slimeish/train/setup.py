@@ -19,6 +19,7 @@ from typing import Any, Literal
 from slimeish.buffer import BufferConfig
 from slimeish.cluster import ClusterConfig
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field, load_yaml
+from slimeish.common.plugins import load_function
 from slimeish.data import DataConfig, read_prompts
 from slimeish.rollout import (
     RolloutConfig,
@@ -74,6 +75,11 @@ class RunConfig:
         help="async mode: most groups generated but not yet trained (default: 2 x (max_staleness + 1) x "
         "rollout_batch_size); --rollout-concurrency still bounds the episodes, and the slack keeps episode "
         "slots busy with other groups while a group's slowest member runs",
+    )
+    custom_update_weight_post_write_path: str | None = help_field(
+        None,
+        help="--weight-sync disk: slime's hook run once a version's files are written, before the engines load them: "
+        "def hook(args, version_dir, rollout_engines) -> None (default: None)",
     )
     weight_sync: Literal["tensor", "disk", "distributed"] = help_field(
         "tensor",
@@ -237,6 +243,15 @@ def check_plugins(setup: TrainSetup) -> None:
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
     SlimeHooks.load(setup.slime_hooks)
+    if setup.run.custom_update_weight_post_write_path:
+        if setup.run.weight_sync != "disk":
+            raise ValueError(
+                "--custom-update-weight-post-write-path runs after a disk sync's files: --weight-sync disk"
+            )
+        from slimeish.trainer.weight_sync import POST_WRITE_SIGNATURE  # torch only when the hook is given
+
+        load_function(setup.run.custom_update_weight_post_write_path, expected=POST_WRITE_SIGNATURE,
+                      params=["args", "version_dir", "rollout_engines"])  # fmt: skip
     t = setup.trainer
     MegatronHooks.load(
         t.custom_megatron_init_path,

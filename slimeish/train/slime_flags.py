@@ -266,7 +266,6 @@ _refuse_all(
         "--update-weight-disk-dir",
         "--update-weight-delta-encoding",
         "--update-weight-delta-checksum",
-        "--custom-update-weight-post-write-path",
         "--update-weight-local-checkpoint-dir",
         "--update-weight-buffer-size",
         "--update-weights-interval",

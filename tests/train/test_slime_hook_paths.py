@@ -300,13 +300,17 @@ def test_a_rollout_log_function_returning_false_keeps_them():
         ("--rollout-sample-filter-path", "def filter(args, samples"),
         ("--eval-function-path", "def generate_rollout(args, rollout_id"),
         ("--custom-advantage-function-path", "def custom_fn(args, rollout_data"),
+        (
+            "--weight-sync disk --custom-update-weight-post-write-path",
+            "def hook(args, version_dir: str, rollout_engines",
+        ),
         ("--rollout-data-postprocess-path", "def postprocess(args, rollout_id: int, rollout_data"),
         ("--custom-megatron-before-log-prob-hook-path", "def hook(args, model, store_prefix"),
         ("--custom-megatron-before-train-step-hook-path", "def hook(args, rollout_id, step_id, model, optimizer"),
     ],
 )
 def test_a_hook_with_the_wrong_signature_stops_the_run_naming_the_expected_one(tmp_path, flag, expected):
-    setup = parse_args(_argv(tmp_path, flag, f"{HERE}.wrong_hook"))
+    setup = parse_args(_argv(tmp_path, *flag.split(), f"{HERE}.wrong_hook"))
     with pytest.raises(ValueError, match="wrong signature") as exc:
         check_plugins(setup)
     assert expected in str(exc.value)

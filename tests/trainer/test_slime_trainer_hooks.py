@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.trainer import Trainer
+from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
 from tests.trainer.trainer_helpers import random_samples
 
 HERE = __name__
@@ -138,3 +141,23 @@ def test_a_rollout_data_postprocess_sets_the_masks_and_advantages_trained_on(tin
     for i, s in enumerate(samples):
         assert torch.equal(before[i], grpo[i].expand(s.response_length))  # it saw the GRPO advantages
         assert torch.allclose(trained["advantages"][i, : s.response_length], 2 * grpo[i])
+
+
+def publish(args, version_dir, rollout_engines):
+    """slime's post-write hook: the files are there, the engines have not been told yet."""
+    SEEN["post_write"] = (sorted(p.name for p in Path(version_dir).iterdir()), rollout_engines, args.method)
+
+
+def test_a_post_write_hook_sees_a_disk_syncs_files_before_the_engines_load_them(tmp_path):
+    class Exporter:
+        def export_hf(self, out_dir):
+            Path(out_dir).mkdir(parents=True)
+            (Path(out_dir) / "model.safetensors").write_text("")
+            return Path(out_dir)
+
+    config = WeightSyncConfig(engine_urls=["http://engine:1"], method="disk", disk_dir=tmp_path,
+                              post_write_path=f"{HERE}.publish")  # fmt: skip
+    with WeightSync(config) as sync:
+        body, _ = sync._prepare(Exporter(), "3")  # what the engines are sent next: the same directory
+    assert SEEN["post_write"] == (["model.safetensors"], ["http://engine:1"], "disk")
+    assert body["model_path"] == str(tmp_path / "v3")
