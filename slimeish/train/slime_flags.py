@@ -209,7 +209,15 @@ REFUSED: dict[str, str] = {
     ),
     "--mask-offpolicy-in-partial-rollout": ("no partial rollout"),
     "--rollout-max-prompt-len": ("prompts are not filtered by length: filter the --prompt-data JSONL"),
-    "--buffer-filter-path": ("groups are filtered by --dynamic-sampling-filter-path or --group-filter-path"),
+    "--buffer-filter-path": (
+        "no partial rollout, so no buffer of half-generated groups to pick from: groups given back are served again "
+        "first, in order; filter groups with --dynamic-sampling-filter-path or --group-filter-path"
+    ),
+    "--custom-model-provider-path": (
+        "the model is built from --hf-checkpoint's config.json, and its weights are loaded and synced to the engines "
+        "by Hugging Face name: a provider's own GPTModel has no such mapping"
+    ),
+    "--megatron-config-path": "its role-tagged Megatron configs are for a critic: " + NO_CRITIC,
     "--rollout-all-samples-process-path": (
         "groups a dynamic filter drops stay in the buffer, never handed back to a rollout step: see the trained "
         "ones with --rollout-sample-filter-path or --custom-rollout-log-function-path"
@@ -225,7 +233,10 @@ REFUSED: dict[str, str] = {
     "--log-probs-max-tokens-per-gpu": ("--micro-batch-tokens bounds log-prob passes too"),
     "--group-rm": ("rewards are per sample; score a whole group in --custom-reward-post-process-path"),
     "--eval-reward-key": ("--reward-key applies to evaluation too"),
-    "--custom-convert-samples-to-train-data-path": ("samples are trained from the buffer (docs/rollout.md)"),
+    "--custom-convert-samples-to-train-data-path": (
+        "the trainer trains the Samples read from the buffer, not slime's dict of lists: edit what is trained with "
+        "--rollout-data-postprocess-path (loss masks, advantages) or --custom-reward-post-process-path (rewards)"
+    ),
     "--ref-ckpt-step": ("the KL reference is the initial --hf-checkpoint"),
     "--ref-update-interval": ("the KL reference stays the initial --hf-checkpoint"),
     "--save": (CKPT),
@@ -277,8 +288,6 @@ _refuse_all(
     [
         "--qwen-gdn-backend",
         "--train-env-vars",
-        "--custom-model-provider-path",
-        "--megatron-config-path",
         "--mtp-num-layers",
         "--mtp-loss-scaling-factor",
         "--padded-vocab-size",
@@ -350,7 +359,9 @@ _refuse_all(
         "--custom-pg-loss-reducer-function-path",
         "--opsm-delta",
     ],
-    "losses are --loss-type, --policy-loss, --advantage-estimator and --tis (docs/losses.md)",
+    "slime's loss hooks take Megatron's packed batch and logits and call slime's own Megatron helpers: losses "
+    "are --loss-type, --policy-loss, --advantage-estimator (or --custom-advantage-function-path) and --tis "
+    "(docs/losses.md)",
 )
 _refuse_all(
     ["--opd-teacher-load", "--opd-teacher-ckpt-step"],
