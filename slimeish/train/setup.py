@@ -304,12 +304,16 @@ def plugin_args(
 def _slime_names(setup: TrainSetup) -> dict[str, Any]:
     """slime's (Megatron's) names for values slimeish has under its own, which plugins read (e.g. a
     tool loop's context budget, `context_parallel_size * max_tokens_per_gpu`)."""
+    engines = len(setup.stack.engine_url) or setup.stack.num_engines
     return {
         "max_tokens_per_gpu": setup.trainer.micro_batch_tokens,
         "context_parallel_size": 1,
         "tensor_model_parallel_size": setup.trainer.tensor_parallel,
         "rollout_shuffle": setup.data.shuffle,
         "rollout_seed": setup.data.shuffle_seed,
+        # slime bounds requests per engine; its plugins multiply by the engines, which gives --rollout-concurrency.
+        "rollout_num_engines": engines,
+        "sglang_server_concurrency": -(-setup.rollout.rollout_concurrency // engines),
     }
 
 
