@@ -243,30 +243,36 @@ def check_plugins(setup: TrainSetup) -> None:
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
     SlimeHooks.load(setup.slime_hooks)
-    if setup.run.custom_update_weight_post_write_path:
-        if setup.run.weight_sync != "disk":
-            raise ValueError(
-                "--custom-update-weight-post-write-path runs after a disk sync's files: --weight-sync disk"
-            )
-        from slimeish.trainer.weight_sync import POST_WRITE_SIGNATURE  # torch only when the hook is given
+    if setup.slime_hooks.data_source_path:
+        load_data_source_class(setup.slime_hooks.data_source_path)
+    check_trainer_hooks(setup)
 
-        load_function(setup.run.custom_update_weight_post_write_path, expected=POST_WRITE_SIGNATURE,
-                      params=["args", "version_dir", "rollout_engines"])  # fmt: skip
-    t = setup.trainer
+
+def check_trainer_hooks(setup: TrainSetup) -> None:
+    """slime's trainer-side hooks, checked here too: the trainer (maybe a rank actor) loads them
+    again, later. torch is imported only when a hook that needs it is given."""
+    t, loss = setup.trainer, setup.loss
     MegatronHooks.load(
         t.custom_megatron_init_path,
         t.custom_megatron_before_log_prob_hook_path,
         t.custom_megatron_before_train_step_hook_path,
     )
-    if setup.loss.custom_advantage_function_path or setup.loss.rollout_data_postprocess_path:
-        from slimeish.trainer import rollout_data  # torch only when a hook needs it; the trainer loads them again
+    if loss.custom_advantage_function_path or loss.rollout_data_postprocess_path:
+        from slimeish.trainer import rollout_data
 
-        if setup.loss.custom_advantage_function_path:
-            rollout_data.load_advantage_function(setup.loss.custom_advantage_function_path)
-        if setup.loss.rollout_data_postprocess_path:
-            rollout_data.load_postprocess(setup.loss.rollout_data_postprocess_path)
-    if setup.slime_hooks.data_source_path:
-        load_data_source_class(setup.slime_hooks.data_source_path)
+        if loss.custom_advantage_function_path:
+            rollout_data.load_advantage_function(loss.custom_advantage_function_path)
+        if loss.rollout_data_postprocess_path:
+            rollout_data.load_postprocess(loss.rollout_data_postprocess_path)
+    if setup.run.custom_update_weight_post_write_path:
+        if setup.run.weight_sync != "disk":
+            raise ValueError(
+                "--custom-update-weight-post-write-path runs after a disk sync's files: --weight-sync disk"
+            )
+        from slimeish.trainer.weight_sync import POST_WRITE_SIGNATURE
+
+        load_function(setup.run.custom_update_weight_post_write_path, expected=POST_WRITE_SIGNATURE,
+                      params=["args", "version_dir", "rollout_engines"])  # fmt: skip
 
 
 # slime `args` attributes plugins read that have one value here: their flags are refused
