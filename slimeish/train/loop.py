@@ -91,10 +91,7 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
             with timed(metrics, "time/rollout"):
                 taken = await collect_groups(p.buffer, p.producer, n_groups, p.trainer.weight_version, run.mode)
             metrics |= {f"buffer/{name}": float(n) for name, n in taken.counters().items()}
-            if run.debug_rollout_only:  # slime's rollout-only run: the groups are logged, never trained
-                metrics |= batch_metrics([s for g in taken.groups for s in g.samples], p.trainer.weight_version)
-            else:
-                metrics |= await train_and_sync(p, taken.groups)
+            metrics |= await train_or_log(p, taken.groups, rollout_only=run.debug_rollout_only)
             step_s = sum(metrics.get(f"time/{phase}", 0.0) for phase in ("rollout", "train", "sync"))
             metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens", 0.0) / step_s
             samples = [s for g in taken.groups for s in g.samples]
@@ -110,6 +107,14 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
         if run.eval_interval:
             final = await evaluate(p.rollout_fn, p.args, p.eval_data, run.num_rollout, p.hooks)
             progress.write(p.logger.log(run.num_rollout, final))
+
+
+async def train_or_log(p: Parts, groups: list[Group], *, rollout_only: bool) -> dict[str, Any]:
+    """A training step on `groups`, or under slime's --debug-rollout-only only their metrics: no
+    training, no weight sync."""
+    if rollout_only:
+        return batch_metrics([s for g in groups for s in g.samples], p.trainer.weight_version)
+    return await train_and_sync(p, groups)
 
 
 async def train_and_sync(p: Parts, groups: list[Group]) -> dict[str, Any]:

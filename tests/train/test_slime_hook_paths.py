@@ -14,7 +14,7 @@ from slimeish.rollout import RolloutFnEvalOutput
 from slimeish.rollout_functions.token_in import generate_rollout
 from slimeish.train.checkpoint import resume, save
 from slimeish.train.collect import evaluate
-from slimeish.train.loop import train_and_sync
+from slimeish.train.loop import train_and_sync, train_or_log
 from slimeish.train.parts import train_source
 from slimeish.train.setup import check_plugins, parse_args, plugin_args
 from slimeish.train.slime_hooks import SlimeHooks, SlimeHooksConfig
@@ -270,6 +270,16 @@ def test_without_a_sample_filter_every_sample_trains():
     groups = [SimpleNamespace(samples=[_sample(0, 2, 1.0)])]
     asyncio.run(train_and_sync(_parts(SlimeHooks()), groups))  # type: ignore[arg-type]
     assert SEEN["trained"] == [(0, [1, 1], 1.0)]
+
+
+def test_debug_rollout_only_logs_the_groups_and_never_trains():
+    parts = _parts(SlimeHooks())
+    parts.trainer.train_step = None  # calling it would fail the test
+    parts.sync = None
+    groups = [SimpleNamespace(samples=[_sample(0, 2, 1.0), _sample(1, 4, 0.0)])]
+    metrics = asyncio.run(train_or_log(parts, groups, rollout_only=True))  # type: ignore[arg-type]
+    assert metrics["rollout/reward_mean"] == 0.5 and metrics["rollout/samples"] == 2.0
+    assert not any(k.startswith(("train/", "time/")) for k in metrics)
 
 
 # --- --custom-rollout-log-function-path ----------------------------------------------------
