@@ -16,6 +16,7 @@ import contextvars
 import logging
 import math
 import statistics
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -47,6 +48,17 @@ class EpisodeLost(RuntimeError):
 # Times one group member is run before an episode lost every time is failed as any other error:
 # a node dying takes an episode once; an agent that kills its own worker each time is not retried forever.
 EPISODE_ATTEMPTS = 3
+
+
+def timeout_error(exc: TimeoutError, elapsed: float, limit: float) -> str:
+    """A timed-out episode's error: --rollout-timeout, or a limit of the generate or reward function's own
+    (an asyncio timeout inside it, an HTTP client's), with the seconds the episode had run."""
+    if elapsed >= limit:
+        return f"TimeoutError: the episode passed --rollout-timeout ({limit:g} s) after {elapsed:.1f} s"
+    detail = f": {exc}" if str(exc) else ""
+    return f"TimeoutError{detail}: a limit inside the generate or reward function fired after {elapsed:.1f} s"
+
+
 # The sample metadata key under which `run_groups` counts a member's regenerations (`rollout_output` sums them).
 REGENERATED = "episodes_regenerated"
 
@@ -131,9 +143,13 @@ async def run_groups(
                 for attempt in range(1, EPISODE_ATTEMPTS + 1):
                     if (session := await open_place(sample, group_id, group_size, meta)) is None:
                         return None, [sample]
+                    started = time.monotonic()
                     try:
                         out = await asyncio.wait_for(episode(session, sample), timeout=args.rollout_timeout)
                         return session, _member(out if isinstance(out, list) else [out], session.session_id)
+                    except TimeoutError as exc:  # the message says which limit fired, and when
+                        _fail(sample, timeout_error(exc, time.monotonic() - started, args.rollout_timeout))
+                        return session, [sample]
                     except EpisodeLost as exc:
                         error = f"{type(exc).__name__}: {exc}"
                         if attempt == EPISODE_ATTEMPTS:  # lost every time: failed as any error is

@@ -23,6 +23,7 @@ from slimeish.rollout import (
     sampling_params,
 )
 from slimeish.rollout.rewards import set_reward
+from slimeish.rollout.sample_hooks import apply_sample_hooks, load_sample_hooks
 from slimeish.rollout_functions.sessions import Session, router_sessions, run_episodes
 
 
@@ -71,11 +72,15 @@ def generate_rollout(
             "slimeish.rollout_functions.token_in needs --custom-rm-path: the default generate sets no reward"
         )
     params = sampling_params(args, evaluation=evaluation)
+    hooks = load_sample_hooks(args.rollout_sample_hook_path)
 
     async def episode(session: Session, sample: Sample) -> list[Sample]:
         sample.metadata["session"] = {"session_id": session.session_id, "generate_url": session.generate_url}
         source = f"the generate function {args.custom_generate_function_path}"
         samples = generated_samples(await gen(args, sample, dict(params)), source)
+        samples = [
+            await apply_sample_hooks(hooks, args, s, rollout_id=rollout_id, evaluation=evaluation) for s in samples
+        ]
         for s in samples:
             if s.reward is not None:  # the generate function scored it itself (slime skips the reward function)
                 set_reward(args, s, s.reward, source)

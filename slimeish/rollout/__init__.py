@@ -62,6 +62,11 @@ class RolloutConfig:
         help=f"slime's group filter, applied to each complete group before it is trained: {DYNAMIC_FILTER_SIGNATURE} "
         "(e.g. slimeish.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std)",
     )
+    rollout_sample_hook_path: list[str] = help_field(
+        [],
+        help="slime's hooks on each generated sample before its reward (token_in), in order: def hook(args, sample, *, "
+        "rollout_id=None, evaluation=False) -> Sample | None, plain or async (slimeish.rollout.sample_hooks)",
+    )
     rollout_batch_size: int = help_field(8, help="prompts per rollout step")
     n_samples_per_prompt: int = help_field(4, help="samples per prompt (the GRPO group size)")
     rollout_max_response_len: int = help_field(64, help="max new tokens per turn")

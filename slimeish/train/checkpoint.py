@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slimeish.data import DataSource
+from slimeish.train.slime_hooks import PluginDataSource
 
 if TYPE_CHECKING:
     from slimeish.train.parts import TrainerHandle
@@ -20,6 +21,8 @@ def save(trainer: TrainerHandle, data: DataSource, root: Path, step: int, unacke
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(f"step_{step:06d}")
     tmp.replace(root / "latest")  # atomic: `latest` always names a complete checkpoint
+    if isinstance(data, PluginDataSource):  # slime's data source saves its own state with the checkpoint
+        data.save(step)
 
 
 def resume(trainer: TrainerHandle, data: DataSource, load: Path | None) -> tuple[int, dict[str, Any]]:
@@ -32,4 +35,6 @@ def resume(trainer: TrainerHandle, data: DataSource, load: Path | None) -> tuple
     state = trainer.load(load)
     drawn = data.state_path and data.state_path.exists() and json.loads(data.state_path.read_text())
     data.load_state(drawn or state)
+    if isinstance(data, PluginDataSource):
+        data.load(int(state["rollout_step"]))
     return int(state["rollout_step"]), state

@@ -11,6 +11,7 @@ from slimeish.buffer import Buffer, TakeResult
 from slimeish.data import DataSource
 from slimeish.train.metrics import prefixed
 from slimeish.train.producer import RolloutProducer, eval_output
+from slimeish.train.slime_hooks import SlimeHooks
 
 # The trainer's consumer name in the buffer: a restarted trainer gets its unacknowledged groups back.
 CONSUMER = "trainer"
@@ -55,13 +56,14 @@ def _summed(takes: list[TakeResult]) -> TakeResult:
 
 
 async def evaluate(
-    rollout_fn: Callable[..., Any], args: Any, eval_data: DataSource | None, step: int
+    rollout_fn: Callable[..., Any], args: Any, eval_data: DataSource | None, step: int, hooks: SlimeHooks
 ) -> dict[str, float]:
-    """One pass over the eval prompts (from the first, every time): the mean reward, and the
-    rollout function's own eval metrics."""
+    """One pass over the eval prompts (from the first, every time) by --eval-function-path, else the
+    rollout function: the mean reward, and the function's own eval metrics."""
     if eval_data is None:
         return {}
     eval_data.load_state({"epoch": 0, "offset": 0, "next_group_index": 0})
-    out = eval_output(await asyncio.to_thread(rollout_fn, args, step, eval_data, True))
+    out = eval_output(await asyncio.to_thread(hooks.eval_fn or rollout_fn, args, step, eval_data, True))
     rewards = [r for d in out.data.values() for r in d["rewards"]]
-    return {"eval/reward_mean": sum(rewards) / max(len(rewards), 1)} | prefixed("eval", out.metrics)
+    metrics = {"eval/reward_mean": sum(rewards) / max(len(rewards), 1)} | prefixed("eval", out.metrics)
+    return hooks.log_eval(step, args, out.data, out.metrics, metrics)

@@ -39,8 +39,8 @@ def run(setup: TrainSetup) -> None:
     use the ones given by URL), train, and stop every process it started (also on Ctrl-C)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
-    if setup.data.prompt_data is None:
-        raise ValueError("a run needs prompt data (--prompt-data)")
+    if setup.data.prompt_data is None and not setup.slime_hooks.data_source_path:
+        raise ValueError("a run needs prompt data (--prompt-data, or a --data-source-path)")
     check_plugins(setup)  # before any process starts: a wrong plugin fails in a second
     setup.run.run_dir.mkdir(parents=True, exist_ok=True)
     run_id = setup.run.run_id or setup.run.run_dir.resolve().name
@@ -82,13 +82,15 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
         for step in progress:
             metrics: dict[str, Any] = {}
             if run.eval_interval and (step == p.start or step % run.eval_interval == 0):
-                metrics |= await evaluate(p.rollout_fn, p.args, p.eval_data, step)
+                metrics |= await evaluate(p.rollout_fn, p.args, p.eval_data, step, p.hooks)
             with timed(metrics, "time/rollout"):
                 taken = await collect_groups(p.buffer, p.producer, n_groups, p.trainer.weight_version, run.mode)
             metrics |= {f"buffer/{name}": float(n) for name, n in taken.counters().items()}
-            metrics |= await train_and_sync(p, taken.groups)
-            step_s = metrics["time/rollout"] + metrics["time/train"] + metrics["time/sync"]
+            metrics |= await train_or_log(p, taken.groups, rollout_only=run.debug_rollout_only)
+            step_s = sum(metrics.get(f"time/{phase}", 0.0) for phase in ("rollout", "train", "sync"))
             metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens", 0.0) / step_s
+            samples = [s for g in taken.groups for s in g.samples]
+            metrics = p.hooks.log_rollout(step, p.args, samples, metrics, metrics["time/rollout"])
             unacked += p.ledger.record(step, taken.groups)
             # The line first: a kill before the save re-runs this step, and the resumed run drops
             # the lines of the steps it runs again, so no step's line is lost or doubled.
@@ -98,12 +100,21 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
                 await p.buffer.ack(unacked)  # a crash before the save re-delivers them
                 unacked = []
         if run.eval_interval:
-            final = await evaluate(p.rollout_fn, p.args, p.eval_data, run.num_rollout)
+            final = await evaluate(p.rollout_fn, p.args, p.eval_data, run.num_rollout, p.hooks)
             progress.write(p.logger.log(run.num_rollout, final))
+
+
+async def train_or_log(p: Parts, groups: list[Group], *, rollout_only: bool) -> dict[str, Any]:
+    """A training step on `groups`, or under slime's --debug-rollout-only only their metrics: no
+    training, no weight sync."""
+    if rollout_only:
+        return batch_metrics([s for g in groups for s in g.samples], p.trainer.weight_version)
+    return await train_and_sync(p, groups)
 
 
 async def train_and_sync(p: Parts, groups: list[Group]) -> dict[str, Any]:
     """One training step on `groups`, then the new weights to the engines; the step's metrics."""
+    p.hooks.filter_samples(p.args, [g.samples for g in groups])
     samples = [s for g in groups for s in g.samples]
     metrics: dict[str, Any] = batch_metrics(samples, p.trainer.weight_version)
     with timed(metrics, "time/train"):

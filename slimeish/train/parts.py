@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from slimeish.train.ledger import TrainedGroups
 from slimeish.train.metrics import MetricsLogger, RouterCounters
 from slimeish.train.producer import RolloutProducer
 from slimeish.train.setup import RunConfig, TrainSetup, plugin_args
+from slimeish.train.slime_hooks import PluginDataSource, SlimeHooks, load_data_source_class
 
 if TYPE_CHECKING:  # torch and megatron load only once a run starts
     from slimeish.common.sample import Sample
@@ -65,6 +67,7 @@ class Parts:
     router_counters: RouterCounters
     ledger: TrainedGroups
     dynamic_filter: DynamicFilter | None = None
+    hooks: SlimeHooks = dataclasses.field(default_factory=SlimeHooks)
 
 
 @contextlib.asynccontextmanager
@@ -72,7 +75,7 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
     run, rollout = setup.run, RolloutRun()
     args = plugin_args(setup, stack.router_url, stack.admin_token, router_urls=stack.router_urls, rollout_run=rollout)
     rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
-    data, eval_data = train_source(setup), eval_source(setup)
+    data, eval_data = train_source(setup, args), eval_source(setup)
     async with trainer_and_sync(setup, stack, run_id) as (trainer, sync):
         if (load := run.checkpoint_to_load()) is not None:
             log.info("resuming from %s", load.resolve())
@@ -99,7 +102,7 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
                 if run.mode == "async":
                     producer.start(max_groups=async_window(setup))
                 parts = Parts(start, trainer, sync, buffer, producer, data, eval_data, rollout_fn, args, logger,
-                              router_counters, ledger, dynamic_filter)  # fmt: skip
+                              router_counters, ledger, dynamic_filter, SlimeHooks.load(setup.slime_hooks))  # fmt: skip
                 try:
                     yield parts
                 finally:  # first, so no rollout thread left to finish keeps retrying a router
@@ -144,14 +147,18 @@ def async_window(setup: TrainSetup) -> int:
     return setup.run.async_groups or 2 * (staleness + 1) * setup.rollout.rollout_batch_size
 
 
-def train_source(setup: TrainSetup) -> DataSource:
+def train_source(setup: TrainSetup, args: argparse.Namespace) -> DataSource:
+    state_path = setup.run.run_dir / "data_state.json"
+    if setup.slime_hooks.data_source_path:  # slime's data source class, built as slime builds it
+        source = load_data_source_class(setup.slime_hooks.data_source_path)(args)
+        return PluginDataSource(source, setup.rollout.n_samples_per_prompt, state_path=state_path)
     assert setup.data.prompt_data is not None, "checked before the run starts"
     return DataSource(
         read_prompts(setup.data.prompt_data, setup.data),
         setup.rollout.n_samples_per_prompt,
         shuffle=setup.data.shuffle,
         seed=setup.data.shuffle_seed,
-        state_path=setup.run.run_dir / "data_state.json",
+        state_path=state_path,
     )
 
 
@@ -170,6 +177,7 @@ def sync_config(run: RunConfig, stack: RunningStack) -> WeightSyncConfig:
     if run.weight_sync == "distributed":  # NCCL groups are per engine: the router cannot fan them out
         return WeightSyncConfig(engine_urls=stack.engine_urls, method="distributed", disk_dir=disk_dir)
     return WeightSyncConfig(  # the first router updates each engine once; the others record it
+        post_write_path=run.custom_update_weight_post_write_path,
         router_url=stack.router_url,
         record_router_urls=stack.router_urls[1:],
         admin_token=stack.admin_token,

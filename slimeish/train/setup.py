@@ -19,7 +19,8 @@ from typing import Any, Literal
 from slimeish.buffer import BufferConfig
 from slimeish.cluster import ClusterConfig
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field, load_yaml
-from slimeish.data import DataConfig
+from slimeish.common.plugins import load_function
+from slimeish.data import DataConfig, read_prompts
 from slimeish.rollout import (
     RolloutConfig,
     check_rollout_config,
@@ -32,9 +33,18 @@ from slimeish.rollout.dynamic_filter import DynamicFilter
 from slimeish.rollout.rewards import load_post_process
 from slimeish.rollout.rm_hub import ASYNC_RM_PATH, check_rm_type
 from slimeish.rollout.run_state import RUN_ARG, RolloutRun
+from slimeish.rollout.sample_hooks import load_sample_hooks
 from slimeish.train.launch import StackConfig
 from slimeish.train.slime_flags import SlimeConfig, SlimeFlagError, translate
+from slimeish.train.slime_hooks import (
+    SlimeHooks,
+    SlimeHooksConfig,
+    custom_config,
+    load_data_source_class,
+    with_custom_config,
+)
 from slimeish.trainer.config import LossConfig, TrainerConfig
+from slimeish.trainer.megatron_hooks import MegatronHooks
 
 DESCRIPTION = "`slimeish train`: start the parts, then generate → train → sync weights, in one loop."
 
@@ -45,6 +55,14 @@ class RunConfig:
     run_id: str | None = help_field(None, help="buffer namespace of this run (default: the run dir's name)")
     mode: Literal["sync", "async"] = help_field("sync", help="sync: generate, then train; async: both at once")
     num_rollout: int = help_field(10, help="rollout steps (one training step each)")
+    num_epoch: int | None = help_field(
+        None,
+        help="slime's epochs over --prompt-data: --num-rollout becomes num_epoch x prompts // rollout_batch_size "
+        "(a --num-rollout given wins, as in slime) (default: None)",
+    )
+    debug_rollout_only: bool = help_field(
+        False, help="slime's rollout-only run: each step generates and logs its groups, with no training or weight sync"
+    )
     eval_interval: int | None = help_field(None, help="evaluate on --eval-prompt-data every N steps (and first/last)")
     save_interval: int | None = help_field(None, help="save a checkpoint every N steps (and at the end)")
     load: Path | None = help_field(
@@ -58,6 +76,11 @@ class RunConfig:
         help="async mode: most groups generated but not yet trained (default: 2 x (max_staleness + 1) x "
         "rollout_batch_size); --rollout-concurrency still bounds the episodes, and the slack keeps episode "
         "slots busy with other groups while a group's slowest member runs",
+    )
+    custom_update_weight_post_write_path: str | None = help_field(
+        None,
+        help="--weight-sync disk: slime's hook run once a version's files are written, before the engines load them: "
+        "def hook(args, version_dir, rollout_engines) -> None (default: None)",
     )
     weight_sync: Literal["tensor", "disk", "distributed"] = help_field(
         "tensor",
@@ -89,6 +112,7 @@ CONFIGS: dict[str, type[Any]] = {
     "trainer": TrainerConfig,
     "loss": LossConfig,
     "slime": SlimeConfig,
+    "slime_hooks": SlimeHooksConfig,
 }
 
 
@@ -106,6 +130,7 @@ class TrainSetup:
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     slime: SlimeConfig = dataclasses.field(default_factory=SlimeConfig)
+    slime_hooks: SlimeHooksConfig = dataclasses.field(default_factory=SlimeHooksConfig)
     plugin: Any = None
 
     def __post_init__(self) -> None:
@@ -163,12 +188,27 @@ def parse_args(argv: list[str] | None, base: TrainSetup | None = None) -> TrainS
     try:
         configs = {name: from_namespace(cls, ns, values) for name, cls in CONFIGS.items()}
         plugin = from_namespace(plugin_type, ns, values) if plugin_type is not None else None
-    except ValueError as exc:
+        # slime sets --custom-config-path's keys over the flags: those naming an option set it too.
+        custom = custom_config(configs["slime_hooks"])
+        configs = {name: with_custom_config(cfg, custom) for name, cfg in configs.items()}
+        plugin = with_custom_config(plugin, custom) if plugin is not None else None
+    except (ValueError, OSError) as exc:
         parser.error(str(exc))
     setup = TrainSetup(**configs, plugin=plugin)
-    if setup.data.prompt_data is None:  # checked here, before any process is started
-        parser.error("--prompt-data is required")
+    if setup.run.num_epoch and ns.num_rollout is None and "num_rollout" not in values:
+        setup.run = dataclasses.replace(setup.run, num_rollout=epochs_to_rollouts(setup))
+    if setup.data.prompt_data is None and not setup.slime_hooks.data_source_path:  # before any process starts
+        parser.error("--prompt-data (or --data-source-path) is required")
     return setup
+
+
+def epochs_to_rollouts(setup: TrainSetup) -> int:
+    """slime's --num-epoch: the rollout steps that serve every prompt that many times."""
+    if setup.data.prompt_data is None:
+        raise ValueError("--num-epoch counts the prompts of --prompt-data: give it, or --num-rollout")
+    unrendered = dataclasses.replace(setup.data, apply_chat_template=False)  # counting needs no tokenizer
+    n_prompts = len(read_prompts(setup.data.prompt_data, unrendered))
+    return max(1, setup.run.num_epoch or 0) * n_prompts // setup.rollout.rollout_batch_size
 
 
 def plugin_title(rollout_path: str) -> str:
@@ -193,6 +233,7 @@ def check_plugins(setup: TrainSetup) -> None:
         load_reward_function(cfg.custom_rm_path)
     if cfg.custom_reward_post_process_path:
         load_post_process(cfg.custom_reward_post_process_path)
+    load_sample_hooks(cfg.rollout_sample_hook_path)
     if setup.slime.rm_type and cfg.custom_rm_path == ASYNC_RM_PATH:
         check_rm_type(setup.slime.rm_type, setup.slime.rm_url)
     if cfg.dynamic_sampling_filter_path:
@@ -202,6 +243,37 @@ def check_plugins(setup: TrainSetup) -> None:
         DynamicFilter(cfg.dynamic_sampling_filter_path, probe_args).check(cfg.n_samples_per_prompt)
     if setup.plugin is not None:
         check_rollout_config(setup.plugin)
+    SlimeHooks.load(setup.slime_hooks)
+    if setup.slime_hooks.data_source_path:
+        load_data_source_class(setup.slime_hooks.data_source_path)
+    check_trainer_hooks(setup)
+
+
+def check_trainer_hooks(setup: TrainSetup) -> None:
+    """slime's trainer-side hooks, checked here too: the trainer (maybe a rank actor) loads them
+    again, later. torch is imported only when a hook that needs it is given."""
+    t, loss = setup.trainer, setup.loss
+    MegatronHooks.load(
+        t.custom_megatron_init_path,
+        t.custom_megatron_before_log_prob_hook_path,
+        t.custom_megatron_before_train_step_hook_path,
+    )
+    if loss.custom_advantage_function_path or loss.rollout_data_postprocess_path:
+        from slimeish.trainer import rollout_data
+
+        if loss.custom_advantage_function_path:
+            rollout_data.load_advantage_function(loss.custom_advantage_function_path)
+        if loss.rollout_data_postprocess_path:
+            rollout_data.load_postprocess(loss.rollout_data_postprocess_path)
+    if setup.run.custom_update_weight_post_write_path:
+        if setup.run.weight_sync != "disk":
+            raise ValueError(
+                "--custom-update-weight-post-write-path runs after a disk sync's files: --weight-sync disk"
+            )
+        from slimeish.trainer.weight_sync import POST_WRITE_SIGNATURE
+
+        load_function(setup.run.custom_update_weight_post_write_path, expected=POST_WRITE_SIGNATURE,
+                      params=["args", "version_dir", "rollout_engines"])  # fmt: skip
 
 
 # slime `args` attributes plugins read that have one value here: their flags are refused
@@ -238,18 +310,24 @@ def plugin_args(
         "sglang_router_port": int(port),
         RUN_ARG: rollout_run or RolloutRun(),
     }
-    return argparse.Namespace(**SLIME_ARGS | _slime_names(setup) | setup.values() | where)
+    # Last, as slime's: the custom config's keys are the plugins' own options, over anything else.
+    custom = custom_config(setup.slime_hooks)
+    return argparse.Namespace(**SLIME_ARGS | _slime_names(setup) | setup.values() | where | custom)
 
 
 def _slime_names(setup: TrainSetup) -> dict[str, Any]:
     """slime's (Megatron's) names for values slimeish has under its own, which plugins read (e.g. a
     tool loop's context budget, `context_parallel_size * max_tokens_per_gpu`)."""
+    engines = len(setup.stack.engine_url) or setup.stack.num_engines
     return {
         "max_tokens_per_gpu": setup.trainer.micro_batch_tokens,
         "context_parallel_size": 1,
         "tensor_model_parallel_size": setup.trainer.tensor_parallel,
         "rollout_shuffle": setup.data.shuffle,
         "rollout_seed": setup.data.shuffle_seed,
+        # slime bounds requests per engine; its plugins multiply by the engines, which gives --rollout-concurrency.
+        "rollout_num_engines": engines,
+        "sglang_server_concurrency": -(-setup.rollout.rollout_concurrency // engines),
     }
 
 

@@ -149,8 +149,14 @@ RULES: dict[str, Rule] = {
     "--advantage-estimator": _to(1, _advantage_estimator),
     "--disable-grpo-std-normalization": _to(0, lambda _: ["--advantage-estimator", "dr_grpo"]),
     "--eval-prompt-data": _to("+", _eval_prompt_data),
+    "--disable-compute-advantages-and-returns": _to(0, lambda _: ["--no-compute-advantages"]),
     "--rollout-external-engine-addrs": _to("+", _engine_addrs),
     # accepted with a note: what slimeish always does, or Megatron speed/memory tuning
+    "--debug-train-only": _noop(
+        0,
+        "engines start anyway: slime's train-only run (its SFT rollout) generates nothing and leaves them idle; "
+        "its debug rollout data (--load-debug-rollout-data) is refused",
+    ),
     "--use-kl-loss": _noop(0, "the KL loss is on when --kl-loss-coef (--kl-coef) > 0"),
     "--use-dynamic-batch-size": _noop(0, "micro-batches are always packed by --micro-batch-tokens"),
     "--get-mismatch-metrics": _noop(0, "train/rollout_kl and the IS-weight metrics are always logged"),
@@ -203,17 +209,21 @@ REFUSED: dict[str, str] = {
     ),
     "--mask-offpolicy-in-partial-rollout": ("no partial rollout"),
     "--rollout-max-prompt-len": ("prompts are not filtered by length: filter the --prompt-data JSONL"),
-    "--rollout-sample-hook-path": ("no sample hooks: a --custom-generate-function-path wraps generate"),
-    "--custom-rollout-log-function-path": ("return metrics in RolloutFnTrainOutput.metrics; " + LOGGING),
-    "--custom-eval-rollout-log-function-path": ("return metrics in RolloutFnEvalOutput.metrics"),
-    "--buffer-filter-path": ("groups are filtered by --dynamic-sampling-filter-path or --group-filter-path"),
-    "--rollout-sample-filter-path": ("use --dynamic-sampling-filter-path or --group-filter-path"),
-    "--rollout-all-samples-process-path": ("use --custom-reward-post-process-path"),
-    "--rollout-data-postprocess-path": ("use --custom-reward-post-process-path"),
+    "--buffer-filter-path": (
+        "no partial rollout, so no buffer of half-generated groups to pick from: groups given back are served again "
+        "first, in order; filter groups with --dynamic-sampling-filter-path or --group-filter-path"
+    ),
+    "--custom-model-provider-path": (
+        "the model is built from --hf-checkpoint's config.json, and its weights are loaded and synced to the engines "
+        "by Hugging Face name: a provider's own GPTModel has no such mapping"
+    ),
+    "--megatron-config-path": "its role-tagged Megatron configs are for a critic: " + NO_CRITIC,
+    "--rollout-all-samples-process-path": (
+        "groups a dynamic filter drops stay in the buffer, never handed back to a rollout step: see the trained "
+        "ones with --rollout-sample-filter-path or --custom-rollout-log-function-path"
+    ),
     "--rollout-data-transport": ("rollout data goes through the Redis buffer (--buffer-url)"),
-    "--num-epoch": ("give --num-rollout (prompts are served in epochs as needed)"),
     "--disable-rollout-global-dataset": ("prompts always come from --prompt-data"),
-    "--data-source-path": ("a rollout function may read its own data; the data source is slimeish's"),
     "--multimodal-keys": ("text-only: no multimodal processor here"),
     "--start-rollout-id": ("--load resumes at the step after the saved one"),
     "--num-steps-per-rollout": (
@@ -223,10 +233,10 @@ REFUSED: dict[str, str] = {
     "--log-probs-max-tokens-per-gpu": ("--micro-batch-tokens bounds log-prob passes too"),
     "--group-rm": ("rewards are per sample; score a whole group in --custom-reward-post-process-path"),
     "--eval-reward-key": ("--reward-key applies to evaluation too"),
-    "--custom-config-path": (
-        "put options in the --config YAML, or declare them in the rollout function's ROLLOUT_CONFIG (docs/rollout.md)"
+    "--custom-convert-samples-to-train-data-path": (
+        "the trainer trains the Samples read from the buffer, not slime's dict of lists: edit what is trained with "
+        "--rollout-data-postprocess-path (loss masks, advantages) or --custom-reward-post-process-path (rewards)"
     ),
-    "--custom-convert-samples-to-train-data-path": ("samples are trained from the buffer (docs/rollout.md)"),
     "--ref-ckpt-step": ("the KL reference is the initial --hf-checkpoint"),
     "--ref-update-interval": ("the KL reference stays the initial --hf-checkpoint"),
     "--save": (CKPT),
@@ -267,7 +277,6 @@ _refuse_all(
         "--update-weight-disk-dir",
         "--update-weight-delta-encoding",
         "--update-weight-delta-checksum",
-        "--custom-update-weight-post-write-path",
         "--update-weight-local-checkpoint-dir",
         "--update-weight-buffer-size",
         "--update-weights-interval",
@@ -279,11 +288,6 @@ _refuse_all(
     [
         "--qwen-gdn-backend",
         "--train-env-vars",
-        "--custom-model-provider-path",
-        "--megatron-config-path",
-        "--custom-megatron-init-path",
-        "--custom-megatron-before-log-prob-hook-path",
-        "--custom-megatron-before-train-step-hook-path",
         "--mtp-num-layers",
         "--mtp-loss-scaling-factor",
         "--padded-vocab-size",
@@ -351,15 +355,14 @@ _refuse_all(["--normalize-advantages", "--use-unbiased-kl", "--use-rollout-entro
 _refuse_all(
     [
         "--custom-loss-function-path",
-        "--custom-advantage-function-path",
         "--custom-tis-function-path",
         "--custom-pg-loss-reducer-function-path",
         "--opsm-delta",
     ],
-    "losses are --loss-type, --policy-loss, --advantage-estimator; slime's TIS/MIS functions are --tis with "
-    "--tis-mode and --tis-level, and --icepop (docs/losses.md)",
+    "slime's loss hooks take Megatron's packed batch and logits and call slime's own Megatron helpers: losses "
+    "are --loss-type, --policy-loss, --advantage-estimator (or --custom-advantage-function-path); slime's TIS/MIS "
+    "functions are --tis with --tis-mode and --tis-level, and --icepop (docs/losses.md)",
 )
-_refuse_all(["--disable-compute-advantages-and-returns"], "advantages are always computed per group")
 _refuse_all(
     ["--opd-teacher-load", "--opd-teacher-ckpt-step"],
     "no teacher inside the trainer: --opd-type sglang, with the teacher served by `slimeish engine --model TEACHER` "
@@ -417,8 +420,6 @@ _refuse_all(
         "--check-weight-update-equal",
         "--ci-test",
         "--ci-disable-kl-checker",
-        "--debug-rollout-only",
-        "--debug-train-only",
     ],
     DEBUG,
 )
@@ -435,7 +436,6 @@ _refuse_all(
 )
 _refuse_all(
     [
-        "--eval-function-path",
         "--eval-config",
         "--eval-input-key",
         "--eval-label-key",

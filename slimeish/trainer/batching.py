@@ -86,10 +86,17 @@ def _collate(samples: list[Sample], indices: list[int], advantages: Tensor) -> M
         response_start=starts,
         loss_mask=mask,
         rollout_log_probs=rollout,
-        advantages=advantages.float().unsqueeze(-1).expand(b, resp_len).clone(),
+        advantages=_per_token(advantages.float(), resp_len),
         has_rollout=torch.tensor([s.rollout_log_probs is not None for s in samples]),
         teacher_log_probs=teacher,
     )
+
+
+def _per_token(advantages: Tensor, resp_len: int) -> Tensor:
+    """[b, R]: a per-sample advantage on every response position, or per-token ones cut to R."""
+    if advantages.ndim == 2:
+        return advantages[:, :resp_len].clone()
+    return advantages.unsqueeze(-1).expand(len(advantages), resp_len).clone()
 
 
 def response_positions(mb: MicroBatch, seq_len: int) -> Tensor:

@@ -71,6 +71,23 @@ class LossConfig:
         "`slimeish engine` at --rm-url); megatron (a teacher in the trainer) is not supported",
     )
     opd_kl_coef: float = help_field(1.0, help="weight of the OPD reverse KL in the advantages")
+    compute_advantages: bool = help_field(
+        True,
+        help="off: slime's --disable-compute-advantages-and-returns, for a loss that uses no advantages "
+        "(--loss-type sft_loss)",
+    )
+    custom_advantage_function_path: str | None = help_field(
+        None,
+        help="slime's advantage hook, called in place of --advantage-estimator on each train step's samples: "
+        "def custom_fn(args, rollout_data) -> None, setting rollout_data['advantages'] (one tensor per sample over "
+        "its response tokens; slimeish.trainer.rollout_data) (default: None)",
+    )
+    rollout_data_postprocess_path: str | None = help_field(
+        None,
+        help="slime's hook on each train step's batch once its advantages are computed: def postprocess(args, "
+        "rollout_id, rollout_data) -> None; the loss_masks and advantages it leaves are trained on "
+        "(slimeish.trainer.rollout_data) (default: None)",
+    )
 
     def __post_init__(self) -> None:
         if self.eps_clip < 0 or (self.eps_clip_high is not None and self.eps_clip_high < 0):
@@ -80,6 +97,11 @@ class LossConfig:
         if self.loss_type == "sft_loss" and (self.tis or self.icepop):
             raise ValueError("--loss-type sft_loss trains on no rollout log-probs; drop --tis / --icepop")
         self._check_opd()
+        if not self.compute_advantages and self.loss_type != "sft_loss":
+            raise ValueError(
+                "--no-compute-advantages (slime's --disable-compute-advantages-and-returns): the policy loss trains "
+                "on advantages; only --loss-type sft_loss uses none"
+            )
         if self.tis and self.icepop:
             raise ValueError("--tis and --icepop are two corrections of the same mismatch; choose one")
         if (self.tis or self.icepop) and self.old_log_probs == "rollout":
@@ -135,6 +157,18 @@ class TrainerConfig:
         None, help="samples per optimizer step; a train_step batch must be a multiple (unset: one step per call)"
     )
     seed: int = help_field(0, help="random seed")
+    custom_megatron_init_path: str | None = help_field(
+        None, help="slime's hook run once the process group is up, before the model is built: def init(args) -> None"
+    )
+    custom_megatron_before_log_prob_hook_path: str | None = help_field(
+        None,
+        help="slime's hook run before each forward-only log-prob pass: def hook(args, model, store_prefix) -> None",
+    )
+    custom_megatron_before_train_step_hook_path: str | None = help_field(
+        None,
+        help="slime's hook run before each optimizer step, gradients zeroed: def hook(args, rollout_id, step_id, "
+        "model, optimizer, opt_param_scheduler) -> None (opt_param_scheduler: None here)",
+    )
 
     def __post_init__(self) -> None:
         self.model_path = Path(self.model_path)

@@ -34,6 +34,7 @@ from slimeish.trainer.distributed import (
     init_distributed,
 )
 from slimeish.trainer.forward import response_log_probs
+from slimeish.trainer.megatron_hooks import MegatronHooks, trainer_args
 from slimeish.trainer.model import build_gpt_model, model_shape, moe_aux_loss, start_moe_step
 from slimeish.trainer.optimizer import (
     build_cpu_optimizer,
@@ -42,6 +43,7 @@ from slimeish.trainer.optimizer import (
     set_lr,
     wrap_gpu_model,
 )
+from slimeish.trainer.rollout_data import custom_advantages, load_advantage_function, load_postprocess, postprocess
 
 
 class Trainer:
@@ -53,6 +55,14 @@ class Trainer:
         if config.dtype == "bfloat16" and not self.use_gpu:
             raise ValueError("dtype=bfloat16 needs device=cuda")
         init_distributed(use_gpu=self.use_gpu, tensor_parallel=config.tensor_parallel, seed=config.seed)
+        self.hooks = MegatronHooks.load(
+            config.custom_megatron_init_path,
+            config.custom_megatron_before_log_prob_hook_path,
+            config.custom_megatron_before_train_step_hook_path,
+        )
+        self.args = trainer_args(config, self.loss_config)  # what slime's Megatron hooks receive
+        if self.hooks.init is not None:
+            self.hooks.init(self.args)
         self.hf_config = AutoConfig.from_pretrained(config.model_path)
         self.shape = model_shape(self.hf_config, config.tensor_parallel)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.use_gpu else torch.device("cpu")
@@ -69,6 +79,10 @@ class Trainer:
         else:
             self.optimizer = build_cpu_optimizer(self.model, config)
         self.state = checkpoint.TrainerState()
+        path = self.loss_config.custom_advantage_function_path
+        self._custom_advantages = load_advantage_function(path) if path else None
+        path = self.loss_config.rollout_data_postprocess_path
+        self._postprocess = load_postprocess(path) if path else None
 
     def _build(self, weights: dict[str, Tensor]) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
@@ -97,6 +111,8 @@ class Trainer:
         validate_samples(samples)
         out: list[list[float]] = [[] for _ in samples]
         self.model.eval()
+        if self.hooks.before_log_prob is not None:
+            self.hooks.before_log_prob(self.args, self.model, "")
         for mb in pack_micro_batches(samples, self.config.micro_batch_tokens):
             log_p, _ = response_log_probs(self.model, mb.to(self.device), self.shape.vocab_size)
             for row, i in enumerate(mb.indices):
@@ -106,6 +122,11 @@ class Trainer:
     # ---- training --------------------------------------------------------------------------
 
     def advantages(self, samples: Sequence[Sample]) -> Tensor:
+        """[n] per-sample advantages, or [n, R] per-token ones from a custom advantage function."""
+        if not self.loss_config.compute_advantages:  # slime's SFT: the loss reads none
+            return torch.zeros(len(samples))
+        if self._custom_advantages is not None:
+            return custom_advantages(self._custom_advantages, self.args, samples)
         return group_normalized_advantages(
             sample_rewards(samples),
             sample_group_ids(samples),
@@ -122,6 +143,8 @@ class Trainer:
         validate_samples(samples)
         self._check_rollout_log_probs(samples)
         advantages = self.advantages(samples)
+        if self._postprocess is not None:  # slime's rollout_id: the rollout step this call trains
+            advantages = postprocess(self._postprocess, self.args, self.weight_version, samples, advantages)
         steps = split_global_batches(samples, self.config.global_batch_size)
         # pi_old must be the weights that existed before this call; with one step it equals the
         # detached current log-probs, so the extra forward pass is only paid for several steps.
@@ -129,9 +152,9 @@ class Trainer:
             self.compute_log_probs(samples) if len(steps) > 1 and self.loss_config.old_log_probs == "trainer" else None
         )
         metrics: dict[str, float] = {}
-        for idx in steps:
+        for step_id, idx in enumerate(steps):
             step_old = None if old is None else [old[i] for i in idx]
-            metrics = self._optimizer_step([samples[i] for i in idx], advantages[idx], step_old)
+            metrics = self._optimizer_step([samples[i] for i in idx], advantages[idx], step_old, step_id)
         self.state.weight_version += 1
         metrics["weight_version"] = float(self.state.weight_version)
         return metrics
@@ -144,7 +167,7 @@ class Trainer:
             check_teacher_log_probs(samples)
 
     def _optimizer_step(
-        self, samples: list[Sample], advantages: Tensor, old: list[list[float]] | None
+        self, samples: list[Sample], advantages: Tensor, old: list[list[float]] | None, step_id: int
     ) -> dict[str, float]:
         rank, world = data_parallel_rank_and_size()
         mine = list(range(rank, len(samples), world))
@@ -152,6 +175,9 @@ class Trainer:
         normalizer = self._loss_normalizer(local)
         self.model.train()
         self._zero_grad()
+        set_lr(self.optimizer, lr_at(self.state.step, self.config))  # before the hook, which may change it
+        if self.hooks.before_train_step is not None:  # slime's rollout_id: the rollout step this call trains
+            self.hooks.before_train_step(self.args, self.weight_version, step_id, self.model, self.optimizer, None)
         sums: dict[str, float] = defaultdict(float)
         micro_batches = pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine])
         if self.shape.num_experts:
@@ -239,7 +265,6 @@ class Trainer:
         self.optimizer.zero_grad()
 
     def _apply_gradients(self) -> float:
-        set_lr(self.optimizer, lr_at(self.state.step, self.config))
         if self._ddp is not None:
             self._ddp.finish_grad_sync()  # all-reduce over data-parallel ranks
             _, grad_norm, _ = self.optimizer.step()  # Megatron clips to config.clip_grad inside

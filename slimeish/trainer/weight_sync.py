@@ -22,12 +22,13 @@ collective); only global rank 0 talks to the engines.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -37,10 +38,14 @@ import torch
 from safetensors.torch import save_file
 
 from slimeish.common.config import help_field
+from slimeish.common.plugins import load_function
 from slimeish.common.procs import free_port
 from slimeish.trainer.distributed import global_rank
 
 log = logging.getLogger(__name__)
+
+
+POST_WRITE_SIGNATURE = "def hook(args, version_dir: str, rollout_engines) -> None"
 
 
 @dataclass(kw_only=True)
@@ -65,6 +70,11 @@ class WeightSyncConfig:
         "127.0.0.1", help="distributed: address of trainer rank 0, reachable by engines"
     )
     nccl_master_port: int | None = help_field(None, help="distributed: port of the NCCL rendezvous (default: free)")
+    post_write_path: str | None = help_field(
+        None,
+        help=f"disk: slime's hook run once a version's files are written, before the engines load them: "
+        f"{POST_WRITE_SIGNATURE} (args: these options; rollout_engines: the engine URLs, empty behind a router)",
+    )
 
     def __post_init__(self) -> None:
         if bool(self.router_url) == bool(self.engine_urls):
@@ -99,6 +109,11 @@ class WeightSync:
         self._disk_root: Path | None = None
         if config.method == "disk":
             self._disk_root = Path(config.disk_dir or tempfile.mkdtemp(prefix="slimeish-weights-"))
+        self._post_write = None
+        if config.post_write_path:
+            self._post_write = load_function(
+                config.post_write_path, expected=POST_WRITE_SIGNATURE, params=["args", "version_dir", "rollout_engines"]
+            )
         self._nccl = None
         if config.method == "distributed":
             from slimeish.trainer.nccl_broadcast import NcclWeightBroadcast
@@ -180,6 +195,8 @@ class WeightSync:
             return {"state": trainer.hf_state_dict()}, lambda: None
         if self._disk_root is not None:
             out = trainer.export_hf(self._disk_root / f"v{version}")
+            if self._post_write is not None:  # slime: e.g. publish the files on a non-POSIX filesystem
+                self._post_write(argparse.Namespace(**asdict(self.config)), str(out), list(self.config.engine_urls))
             return {"model_path": str(out), "weight_version": version}, lambda: _remove_older(out)
         path = self.config.shm_dir / f"slimeish-{os.getpid()}-v{version}.safetensors"
         save_file(trainer.hf_state_dict(), path)

@@ -2,40 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import httpx
+from slimeish.common.async_http import loop_client, post
 
-# Rollout calls run each in its own thread and event loop: one client per loop.
-_clients: dict[int, httpx.AsyncClient] = {}
-
-
-def _client() -> httpx.AsyncClient:
-    loop = asyncio.get_running_loop()
-    client = _clients.get(id(loop))
-    if client is None or client.is_closed:
-        client = _clients[id(loop)] = httpx.AsyncClient(timeout=None)
-    return client
-
-
-async def post(url: str, payload: dict[str, Any], max_retries: int = 60, headers: dict[str, str] | None = None) -> Any:
-    """POST JSON and return the decoded answer; connection errors are retried (1 s apart), an
-    HTTP error status is raised at once."""
-    for attempt in range(max_retries + 1):
-        try:
-            r = await _client().post(url, json=payload, headers=headers)
-        except httpx.TransportError:
-            if attempt == max_retries:
-                raise
-            await asyncio.sleep(1)
-            continue
-        r.raise_for_status()
-        return r.json()
-    raise AssertionError("unreachable")
+__all__ = ["get", "get_rollout_num_engines", "post"]
 
 
 async def get(url: str) -> Any:
-    r = await _client().get(url)
+    r = await loop_client().get(url)
     r.raise_for_status()
     return r.json()
+
+
+def get_rollout_num_engines(args: Any) -> int:
+    """The engines behind the router (slime's name): `args.rollout_num_engines`."""
+    return int(args.rollout_num_engines)

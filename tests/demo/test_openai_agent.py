@@ -3,6 +3,7 @@
 import asyncio
 import dataclasses
 import json
+import re
 from types import SimpleNamespace
 
 import httpx
@@ -130,6 +131,25 @@ def test_agent_failures_fail_the_session(router, agent, rm, status, reward):
     (session,) = router.sessions.values()
     assert session["finish"]["status"] == status and session["finish"]["reward"] == reward
     assert (sample.status == Sample.Status.FAILED) == (status == "failed")
+
+
+async def agent_with_its_own_limit(client, sample):
+    async with asyncio.timeout(0.05):
+        await asyncio.sleep(30)
+
+
+@pytest.mark.parametrize(
+    "agent, says",
+    [(hanging_agent, r"TimeoutError: the episode passed --rollout-timeout \(0.5 s\) after \d+\.\d s"),
+     (agent_with_its_own_limit, r"TimeoutError: a limit inside the generate or reward function fired after 0\.\d s")],
+)  # fmt: skip
+def test_a_timed_out_episode_says_which_limit_fired_and_after_how_long(router, agent, says):
+    args = make_args(router, rollout_timeout=0.5, n_samples_per_prompt=1)
+    groups = [[Sample(group_index=0, index=0, prompt="What is 2 plus 2?", label=4)]]
+    ((sample,),) = asyncio.run(
+        run_groups(args, groups, agent_episode(agent, args, None), rollout_id=0, evaluation=False)
+    )
+    assert re.fullmatch(says, sample.metadata["error"]), sample.metadata["error"]
 
 
 def test_agent_function_signature_is_checked():

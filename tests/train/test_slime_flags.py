@@ -131,3 +131,27 @@ def test_slimes_eval_sampling_flags_set_the_evaluation_params(tmp_path):
     assert evaluation["temperature"] == 0.0 and setup.run.eval_interval == 20
     training = sampling_params(setup.rollout)
     assert (training["max_new_tokens"], training["top_p"], training["temperature"]) == (16, 0.9, 0.8)
+
+
+def test_num_epoch_sets_the_rollout_steps_unless_num_rollout_is_given(tmp_path):
+    """slime's --num-epoch: num_epoch x prompts // rollout_batch_size; a --num-rollout given wins."""
+    launch = [a for a in _launch(tmp_path) if a != "--num-rollout"]
+    launch.remove("3")  # --num-rollout's value
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": "a"}) + "\n" for i in range(5)))
+    assert parse_args([*launch, "--num-epoch", "3"]).run.num_rollout == 7  # 3 x 5 // 2
+    assert parse_args([*launch, "--num-epoch", "3", "--num-rollout", "4"]).run.num_rollout == 4
+
+
+def test_slimes_sft_mode_flags_are_taken(tmp_path, capsys):
+    extra = " --loss-type sft_loss --disable-compute-advantages-and-returns --debug-train-only"
+    setup = parse_args([a for a in _launch(tmp_path, extra) if a not in ("--use-tis", "--tis-clip", "2.5")])
+    assert setup.loss.loss_type == "sft_loss" and setup.loss.compute_advantages is False
+    assert "--debug-train-only (slime) accepted: engines start anyway" in capsys.readouterr().err
+    assert parse_args(_launch(tmp_path, " --debug-rollout-only")).run.debug_rollout_only
+
+
+def test_disabled_advantages_with_the_policy_loss_exit_2_saying_why(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(_launch(tmp_path, " --disable-compute-advantages-and-returns"))
+    assert "only --loss-type sft_loss" in capsys.readouterr().err

@@ -105,3 +105,23 @@ def test_on_policy_distillation_with_a_teacher_engine_trains(tiny_model, prompts
     assert all("train/opd_kl" in r for r in steps)
     samples = asyncio.run(stored_samples(valkey.url, "opd"))
     assert samples and all(s.teacher_log_probs is not None for s in samples)
+
+
+def test_slimes_rollout_side_hooks_in_one_run(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+    """--custom-config-path's key reaches the --eval-function-path plugin, whose metric is logged; the
+    sample filter's removed samples train on no token; the log function sees each step's samples."""
+    run_dir = tmp_path / "hooks"
+    custom = tmp_path / "custom.yaml"
+    custom.write_text("eval_tag: tagged\n")
+    plugins = "tests.train.slime_hook_plugins"
+    argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "2", "--run-id", "hooks",
+                      "--eval-interval", "1", "--custom-config-path", str(custom),
+                      "--eval-function-path", f"{plugins}.eval_with_tag",
+                      "--rollout-sample-filter-path", f"{plugins}.drop_index_one",
+                      "--custom-rollout-log-function-path", f"{plugins}.record_rollout")  # fmt: skip
+    run_train(argv, tmp_path / "hooks.log")
+    rows = metrics(run_dir)
+    assert [r["eval/tagged"] for r in rows if "eval/tagged" in r] == [0.0, 1.0, 2.0]  # first, each step, last
+    logged = [json.loads(x) for x in (run_dir / "hook_log.jsonl").read_text().splitlines()]
+    assert [(x["rollout_id"], x["samples"]) for x in logged] == [(0, 4), (1, 4)]
+    assert all(x["removed_tokens"] == [0, 0] for x in logged)  # index 1 of each group trained on nothing

@@ -24,8 +24,11 @@ IMPORTS: dict[str, list[str]] = {
     ],
     "slime.utils.misc": ["load_function", "SingletonMeta"],
     "slime.rollout.base_types": ["RolloutFnTrainOutput", "RolloutFnEvalOutput"],
-    "slime.rollout.sglang_rollout": ["GenerateState", "get_model_url"],
-    "slime.utils.http_utils": ["post", "get"],
+    "slime.rollout.sglang_rollout": [
+        "GenerateState", "get_model_url", "generate", "generate_and_rm", "generate_and_rm_group",
+    ],
+    "slime.utils.http_utils": ["post", "get", "get_rollout_num_engines"],
+    "slime.utils.async_utils": ["run", "get_async_loop"],
     "slime.utils.mask_utils": [
         "MultiTurnLossMaskGenerator", "get_response_lengths", "MultiTurnLossMaskGenerator.get_loss_mask",
         "MultiTurnLossMaskGenerator.get_response_lengths", "MultiTurnLossMaskGenerator.get_text_from_loss_mask",
