@@ -118,6 +118,11 @@ class EngineFailedMidStream(RuntimeError):
     """The engine failed after output was already sent to the client: no retry is possible."""
 
 
+class GenerationAborted(RuntimeError):
+    """The engine ended a generation with `finish_reason.type == "abort"` (a request aborted on it):
+    the turn has no answer, streamed or not (an HTTP 503 for the client)."""
+
+
 @dataclass(frozen=True)
 class WeightUpdate:
     """The last update the engines took: replayed to an engine that comes back behind it."""

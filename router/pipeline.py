@@ -22,7 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from slimeish.router.capture import TurnPlan, Validator
-from slimeish.router.engine_pool import EngineFailedMidStream
+from slimeish.router.engine_pool import GenerationAborted
 from slimeish.router.errors import APIError, from_validation_error, known_error
 from slimeish.router.limits import check_context, check_message_count, off_loop_if_large, verbatim_texts
 from slimeish.router.renderers.base import Renderer, TemplateError, reply_message
@@ -253,9 +253,14 @@ async def run_turn(
     state: RouterState, session: Session | None, plan: TurnPlan, params: dict, extra: dict | None = None
 ) -> list[Generation]:
     gens = await state.runner.generate(session, plan.input_ids, params, extra or {})
-    if any(g.finish_type == "abort" for g in gens):
-        raise APIError(503, "the engine aborted the generation", type="server_error", code="generation_aborted")
+    check_not_aborted(gens)
     return gens
+
+
+def check_not_aborted(gens: list[Generation]) -> None:
+    """The one check of an engine abort, streamed or not, so both answer the same error."""
+    if any(g.finish_type == "abort" for g in gens):
+        raise GenerationAborted("the engine aborted the generation")
 
 
 async def generate_replies(
@@ -328,20 +333,14 @@ async def _recorded(
     try:
         async for event in with_keepalive(events, shape.keepalive, state.config.stream_keepalive):
             yield event
-    except EngineFailedMidStream as e:
-        yield shape.error(APIError(502, str(e), type="server_error", code="engine_failed"))
-        return
-    if any(g.finish_type == "abort" for g in result.generations):
-        yield shape.error(APIError(503, "the engine aborted the generation", type="server_error"))
-        return
-    if session is not None:  # before the finish reasons, so the agent's next turn sees this one
-        try:
+        check_not_aborted(result.generations)
+        if session is not None:  # before the finish reasons, so the agent's next turn sees this one
             await state.runner.record(session, plan, result.generations, result.answers, started)
-        except Exception as e:  # a refusal, or the store unreachable, is told in the stream
-            if (error := known_error(e)) is None:
-                raise
-            yield shape.error(error)
-            return
+    except Exception as e:  # the engine's failure, a refusal, or the store unreachable: told in the stream
+        if (error := known_error(e)) is None:
+            raise
+        yield shape.error(error)
+        return
     for then in result.on_recorded:
         then()
     for event in result.closing:
