@@ -26,7 +26,7 @@ from slimeish.router.engine_pool import GenerationAborted
 from slimeish.router.errors import APIError, from_validation_error, known_error
 from slimeish.router.limits import check_context, check_message_count, off_loop_if_large, verbatim_texts
 from slimeish.router.renderers.base import Renderer, TemplateError, reply_message
-from slimeish.router.schemas import NamedToolChoice, SamplingFields
+from slimeish.router.schemas import NamedToolChoice, SamplingFields, ToolChoice
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState, get_state
 from slimeish.router.storage import StoreUnavailable
@@ -34,7 +34,6 @@ from slimeish.router.streaming import StreamedTurn
 from slimeish.router.turns import Generation
 
 KEY_PREFIX = "sk-slimeish-"
-ToolChoice = str | NamedToolChoice | None  # "auto" | "none" | "required" | one named function
 
 
 def _validated(messages: list[dict], start: int) -> None:

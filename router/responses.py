@@ -44,7 +44,7 @@ def stream_logprobs(renderer: Renderer, entries: list[list]) -> dict[str, Any]:
 def chat_logprobs(renderer: Renderer, gen: Generation) -> dict[str, Any]:
     """OpenAI's shape; `top_logprobs` come from SGLang's `output_top_logprobs` when the engine
     returned them (`[logprob, token_id, text]` per alternative)."""
-    tops = gen.raw.get("meta_info", {}).get("output_top_logprobs") or [None] * len(gen.output_ids)
+    tops = gen.top_logprobs or [None] * len(gen.output_ids)
     return {
         "content": [
             {

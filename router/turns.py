@@ -36,7 +36,9 @@ class Generation:
     finish_type: str  # SGLang's finish_reason.type: "stop" | "length" | "abort"
     weight_versions: list[int]
     engine: str
-    raw: dict[str, Any]
+    raw: dict[str, Any]  # the engine's reply as it came, which token-in /generate answers verbatim
+    matched_stop: str | None = None  # the stop string that ended it, if one did
+    top_logprobs: list[list[list[Any]] | None] | None = None  # SGLang's output_top_logprobs, when asked
     # set when the reply is parsed for the agent (`pipeline.assistant_message`), recorded with the turn
     parse_failure: str | None = None  # "malformed" | "truncated": its tool-call markup did not parse
     tool_calls: int = 0  # calls parsed from it
@@ -46,6 +48,12 @@ def _weight_versions(meta: dict[str, Any]) -> list[int]:
     spans = meta.get("weight_versions") or []
     versions = [int(s["version"]) for s in spans] if spans else [int(meta.get("weight_version") or 0)]
     return sorted(set(versions))
+
+
+def _matched_stop(meta: dict[str, Any]) -> str | None:
+    """SGLang's `finish_reason.matched`: a stop string, or a stop token's id (not a stop sequence)."""
+    matched = (meta.get("finish_reason") or {}).get("matched")
+    return matched if isinstance(matched, str) else None
 
 
 def parse_generation(item: dict[str, Any], engine: str) -> Generation:
@@ -62,6 +70,8 @@ def parse_generation(item: dict[str, Any], engine: str) -> Generation:
         weight_versions=_weight_versions(meta),
         engine=engine,
         raw=item,
+        matched_stop=_matched_stop(meta),
+        top_logprobs=meta.get("output_top_logprobs"),
     )
 
 

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from slimeish.router import history as H
 from slimeish.router import responses as R
 from slimeish.router.dialects.incremental import convert
+from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.pipeline import (
     Conversation,
@@ -41,7 +42,7 @@ from slimeish.router.pipeline import (
     stream_response,
 )
 from slimeish.router.render import TemplateError
-from slimeish.router.schemas import NamedToolChoice, SamplingFields, TopK, function_tools
+from slimeish.router.schemas import SamplingFields, ToolChoice, TopK
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
@@ -136,8 +137,8 @@ async def count_tokens(request: Request, api_key: str | None = None) -> Response
 
 
 async def _count_tokens(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
-    req: CountTokensRequest = parse(CountTokensRequest, _checked_tools(body))
-    msgs, tools = chat_messages(req, lambda ref, text: True), chat_tools(req)  # signatures change no count
+    req: CountTokensRequest = parse(CountTokensRequest, _served(body))
+    msgs, tools = chat_messages(req, lambda ref, text: True), _chat_tools(req)  # signatures change no count
     try:
         ids = state.renderer.full_ids(msgs, tools)
     except TemplateError as e:
@@ -145,13 +146,8 @@ async def _count_tokens(state: RouterState, turn: InFlight, body: dict, started:
     return R.json_response({"input_tokens": len(ids)})
 
 
-def _checked_tools(body: dict) -> dict:
-    """Refuse Anthropic's server tools by name: they run on Anthropic's side, not the agent's."""
-    for i, tool in enumerate(body.get("tools") or []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind not in (None, "custom"):
-            raise APIError(400, f"tools.{i}: server tool type {kind!r} is not served; define a custom tool")
-    return body
+def _served(body: dict) -> dict:
+    return refuse_hosted_tools(body, (None, "custom"), "a custom tool")
 
 
 def conversation(state: RouterState, req: MessagesRequest, session: Session | None) -> Conversation:
@@ -166,7 +162,7 @@ def conversation(state: RouterState, req: MessagesRequest, session: Session | No
     session_id = session.session_id if session else ""
     converter = partial(_converted, lambda ref, text: state.signer.verify(session_id, ref, text))
     messages = [*_system(req), *convert(session, "messages", req.messages, converter)]
-    return Conversation(messages, chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
+    return Conversation(messages, _chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
 
 
 Verifier = Callable[[str, str], bool]  # (signature, thinking): the router's own reasoning?
@@ -178,7 +174,7 @@ def chat_messages(req: CountTokensRequest, verified: Verifier) -> list[dict]:
 
 
 def _system(req: CountTokensRequest) -> list[dict]:
-    return [{"role": "system", "content": _text(req.system)}] if req.system else []
+    return [{"role": "system", "content": joined_text(req.system)}] if req.system else []
 
 
 _MESSAGE: TypeAdapter[MessageParam] = TypeAdapter(MessageParam)
@@ -240,7 +236,7 @@ def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
                     f"messages.{i}.content.{j}: tool_result for tool_use_id {b.tool_use_id!r} has no tool_use "
                     "block with that id in the previous assistant message",
                 )
-            content = ERROR_PREFIX + _text(b.content) if b.is_error else _text(b.content)
+            content = ERROR_PREFIX + joined_text(b.content) if b.is_error else joined_text(b.content)
             results.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": content})
         elif isinstance(b, TextBlock):
             text += b.text
@@ -249,29 +245,22 @@ def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
-def _text(content: str | list[TextBlock]) -> str:
-    return content if isinstance(content, str) else "".join(b.text for b in content)
+def _chat_tools(req: CountTokensRequest) -> list[dict] | None:
+    return chat_tools((t.name, t.description, t.input_schema) for t in req.tools or [])
 
 
-def chat_tools(req: CountTokensRequest) -> list[dict] | None:
-    return function_tools([(t.name, t.description, t.input_schema) for t in req.tools or []])
-
-
-def _tool_choice(req: CountTokensRequest) -> str | NamedToolChoice | None:
-    choice = req.tool_choice
-    if choice is None or choice.type == "auto":
-        return "auto" if req.tools else None
-    if not req.tools and choice.type in ("any", "tool"):
-        raise APIError(400, f"tool_choice {choice.type!r} needs at least one tool")
+def _tool_choice(req: CountTokensRequest) -> ToolChoice:
+    """Anthropic's `any` is "required"; `tool` names one."""
+    choice, names = req.tool_choice, [t.name for t in req.tools or []]
+    if choice is None:
+        return None
     if choice.type == "tool":
-        if choice.name not in {t.name for t in req.tools or []}:
-            raise APIError(400, f"tool_choice names tool {choice.name!r}, which is not in tools")
-        return NamedToolChoice(type="function", function={"name": choice.name})
-    return "required" if choice.type == "any" else "none"
+        return tool_choice(None, choice.name or "", names)
+    return tool_choice("required" if choice.type == "any" else choice.type, None, names, said=choice.type)
 
 
 async def _messages(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
-    req: MessagesRequest = parse(MessagesRequest, _checked_tools(body))
+    req: MessagesRequest = parse(MessagesRequest, _served(body))
     planned = await plan_turn(state, turn.session, conversation(state, req, turn.session))
     head = _head(req.model or state.model_name, len(planned.plan.input_ids))
     session_id = turn.session.session_id if turn.session else ""
@@ -303,8 +292,8 @@ def stop_reason(gen: Generation, reply: dict, stops: list[str]) -> tuple[str, st
         return "tool_use", None
     if gen.finish_type == "length":
         return "max_tokens", None
-    matched = (gen.raw.get("meta_info", {}).get("finish_reason") or {}).get("matched")
-    return ("stop_sequence", matched) if isinstance(matched, str) and matched in stops else ("end_turn", None)
+    matched = gen.matched_stop
+    return ("stop_sequence", matched) if matched is not None and matched in stops else ("end_turn", None)
 
 
 def _thinking_block(text: str, sign: Signer) -> dict:

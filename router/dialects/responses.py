@@ -29,6 +29,7 @@ from slimeish.router import history as H
 from slimeish.router import responses as R
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.responses_output import Events, finished, response_events
+from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.pipeline import (
     Conversation,
@@ -43,7 +44,7 @@ from slimeish.router.pipeline import (
     serve_turn,
     stream_response,
 )
-from slimeish.router.schemas import NamedToolChoice, SamplingFields, function_tools
+from slimeish.router.schemas import SamplingFields, ToolChoice
 from slimeish.router.sessions import Session, StoredResponse
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import StreamedTurn
@@ -154,28 +155,19 @@ async def responses(request: Request, api_key: str | None = None) -> Response:
     return await serve_turn(request, api_key, _responses)
 
 
-def _checked_tools(body: dict) -> dict:
-    """Refuse OpenAI's built-in tools by name: they run on OpenAI's side, not the agent's."""
-    for i, tool in enumerate(body.get("tools") or []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise APIError(400, f"tools.{i}: built-in tool type {kind!r} is not served; define a function tool")
-    return body
+def _served(body: dict) -> dict:
+    return refuse_hosted_tools(body, ("function",), "a function tool")
 
 
-def chat_tools(req: ResponsesRequest) -> list[dict] | None:
-    return function_tools([(t.name, t.description, t.parameters) for t in req.tools or []])
+def _chat_tools(req: ResponsesRequest) -> list[dict] | None:
+    return chat_tools((t.name, t.description, t.parameters) for t in req.tools or [])
 
 
-def _tool_choice(req: ResponsesRequest) -> str | NamedToolChoice | None:
-    choice, names = req.tool_choice, {t.name for t in req.tools or []}
+def _tool_choice(req: ResponsesRequest) -> ToolChoice:
+    choice, names = req.tool_choice, [t.name for t in req.tools or []]
     if isinstance(choice, NamedFunction):
-        if choice.name not in names:
-            raise APIError(400, f"tool_choice names function {choice.name!r}, not in tools", param="tool_choice")
-        return NamedToolChoice(type="function", function={"name": choice.name})
-    if choice == "required" and not names:
-        raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
-    return choice
+        return tool_choice(None, choice.name, names)
+    return tool_choice(choice, None, names)
 
 
 def history(session: Session | None, req: ResponsesRequest) -> list[dict]:
@@ -253,10 +245,10 @@ def _converted(
         if isinstance(item, ReasoningItem):
             out.append(_reasoning_message(item, verified))
         elif isinstance(item, MessageItem) and item.role == "assistant" and _opened_by_reasoning(out):
-            out[-1] = {**out[-1], "content": _text(item.content)}
+            out[-1] = {**out[-1], "content": joined_text(item.content)}
         elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": _text(item.content)})
+            out.append({"role": role, "content": joined_text(item.content)})
         elif isinstance(item, FunctionCallItem):
             call = {
                 "id": item.call_id,
@@ -274,13 +266,9 @@ def _converted(
                     f"input.{i}: no function_call with call_id {item.call_id!r} before this output",
                     param=f"input.{i}",
                 )
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": joined_text(item.output)})
     messages = [{**m, "content": m["content"] or None} if m["role"] == "assistant" else m for m in out]
     return messages, frozenset(calls)
-
-
-def _text(content: str | list[TextPart]) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
 def conversation(state: RouterState, req: ResponsesRequest, session: Session | None) -> tuple[Conversation, list[dict]]:
@@ -289,13 +277,13 @@ def conversation(state: RouterState, req: ResponsesRequest, session: Session | N
     kept = [*before, *chat_messages(state, session, req.input, before)]
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     sampling = SamplingFields(n=1, max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p)
-    conv = Conversation([*system, *kept], chat_tools(req), sampling, req.max_output_tokens, _tool_choice(req))
+    conv = Conversation([*system, *kept], _chat_tools(req), sampling, req.max_output_tokens, _tool_choice(req))
     return conv, kept
 
 
 async def _responses(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
     session = turn.session
-    req: ResponsesRequest = parse(ResponsesRequest, _checked_tools(body))
+    req: ResponsesRequest = parse(ResponsesRequest, _served(body))
     conv, kept = conversation(state, req, session)
     planned = await plan_turn(state, session, conv)
     shell = response_shell(req, req.model or state.model_name)
