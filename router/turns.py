@@ -19,11 +19,17 @@ from slimeish.common.finish import finish_type
 from slimeish.router.capture import TurnPlan
 from slimeish.router.engine_pool import EnginePool
 from slimeish.router.history import PARALLEL_CHOICE
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.metrics import RouterMetrics
 from slimeish.router.sessions import Session
 from slimeish.router.storage import STORE_ERRORS, StoreUnavailable, TurnStore
 
 log = logging.getLogger(__name__)
+
+
+# What a choice returned to the agent: the assistant message (chat dialects), the completion
+# text (completions), or None (token-in: the engine's reply itself).
+Answer = JSONObject | str | None
 
 
 @dataclass
@@ -80,7 +86,7 @@ class TurnRunner:
         self.pool, self.store, self.metrics = pool, store, metrics
 
     async def generate(
-        self, session: Session | None, input_ids: list[int], sampling: dict, extra: dict
+        self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
     ) -> list[Generation]:
         """Generate `sampling["n"]` continuations on one engine (the session's, if healthy)."""
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
@@ -94,8 +100,8 @@ class TurnRunner:
         return [parse_generation(item, engine.url) for item in items]
 
     async def stream(
-        self, session: Session | None, input_ids: list[int], sampling: dict, extra: dict
-    ) -> AsyncIterator[tuple[dict, str]]:
+        self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
+    ) -> AsyncIterator[tuple[JSONObject, str]]:
         """Like `generate`, streamed: (SGLang chunk, engine URL) pairs."""
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
         sticky = session.engine if session else None
@@ -117,7 +123,7 @@ class TurnRunner:
         session: Session,
         plan: TurnPlan,
         gens: list[Generation],
-        answers: Sequence[dict | str | None],
+        answers: Sequence[Answer],
         started: float,
     ) -> None:
         """Commit each choice's turn to the capture and write it to the store, in order.
@@ -155,7 +161,7 @@ class TurnRunner:
                 raise StoreUnavailable("the turn", TimeoutError("the store did not confirm the write"))
 
     def _commit(
-        self, session: Session, plan: TurnPlan, i: int, gen: Generation, answer: dict | str | None, started: float
+        self, session: Session, plan: TurnPlan, i: int, gen: Generation, answer: JSONObject | str | None, started: float
     ) -> Turn:
         """Commit choice `i` to the capture: the turn to store."""
         choice_plan = plan if i == 0 else session.capture.fork(plan, PARALLEL_CHOICE)

@@ -9,8 +9,9 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from slimeish.common.finish import openai_finish_reason
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
 from slimeish.router.errors import APIError
+from slimeish.router.jsontypes import JSONObject, TokenLogprob
 from slimeish.router.pipeline import (
     Conversation,
     InFlight,
@@ -39,14 +40,14 @@ async def chat_completions(request: Request, api_key: str | None = None) -> Resp
     return await serve_turn(request, api_key, _chat)
 
 
-def conversation(req: ChatRequest, body: dict) -> Conversation:
+def conversation(req: ChatRequest, body: JSONObject) -> Conversation:
     # The raw messages: validated lazily by capture, only those a turn adds (`validate_messages`).
     return Conversation(
         body["messages"], body.get("tools") or None, req, req.new_tokens(), req.tool_choice, validate_messages
     )
 
 
-async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+async def _chat(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
     session = turn.session
     req: ChatRequest = parse(ChatRequest, body)
     planned = await plan_turn(state, session, conversation(req, body))
@@ -61,7 +62,7 @@ async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) 
 
 
 async def stream_chat(
-    state: RouterState, turn: InFlight, planned: PlannedTurn, req: ChatRequest, extra: dict, started: float
+    state: RouterState, turn: InFlight, planned: PlannedTurn, req: ChatRequest, extra: JSONObject, started: float
 ) -> Response:
     chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, extra)
     head = R.stream_head(req.model or state.model_name, "chatcmpl", "chat.completion.chunk")
@@ -80,11 +81,11 @@ async def stream_chat(
 
 
 async def chat_events(
-    chunks: AsyncIterator[tuple[dict, str]],
-    head: dict,
+    chunks: AsyncIterator[tuple[JSONObject, str]],
+    head: JSONObject,
     replies: ReplyStream,
-    to_message: Callable[[Generation], dict],
-    token_logprobs: Callable[[list[list]], dict] | None,
+    to_message: Callable[[Generation], JSONObject],
+    token_logprobs: Callable[[list[TokenLogprob]], JSONObject] | None,
     result: StreamedTurn,
 ) -> AsyncIterator[bytes]:
     """OpenAI `chat.completion.chunk` events while the engine streams; at the end, fills `result`

@@ -23,10 +23,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slimeish.router import history as H
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
     Conversation,
     InFlight,
@@ -41,7 +42,7 @@ from slimeish.router.pipeline import (
     serve_turn,
     stream_response,
 )
-from slimeish.router.render import TemplateError
+from slimeish.router.renderers.base import TemplateError
 from slimeish.router.schemas import SamplingFields, ToolChoice, TopK
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
@@ -86,9 +87,8 @@ class RedactedThinkingBlock(_Block):
 # A tool_result with `is_error`: chat formats have no field for it, so the model reads it in the text.
 ERROR_PREFIX = "Error: "
 
-Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
-]
+AnyBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+Block = Annotated[AnyBlock, Field(discriminator="type")]
 
 
 class MessageParam(BaseModel):
@@ -136,7 +136,7 @@ async def count_tokens(request: Request, api_key: str | None = None) -> Response
     return await serve_turn(request, api_key, _count_tokens)
 
 
-async def _count_tokens(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+async def _count_tokens(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
     req: CountTokensRequest = parse(CountTokensRequest, _served(body))
     msgs, tools = chat_messages(req, lambda ref, text: True), _chat_tools(req)  # signatures change no count
     try:
@@ -146,7 +146,7 @@ async def _count_tokens(state: RouterState, turn: InFlight, body: dict, started:
     return R.json_response({"input_tokens": len(ids)})
 
 
-def _served(body: dict) -> dict:
+def _served(body: JSONObject) -> JSONObject:
     return refuse_hosted_tools(body, (None, "custom"), "a custom tool")
 
 
@@ -168,12 +168,12 @@ def conversation(state: RouterState, req: MessagesRequest, session: Session | No
 Verifier = Callable[[str, str], bool]  # (signature, thinking): the router's own reasoning?
 
 
-def chat_messages(req: CountTokensRequest, verified: Verifier) -> list[dict]:
+def chat_messages(req: CountTokensRequest, verified: Verifier) -> list[JSONObject]:
     """The whole request as chat messages."""
     return [*_system(req), *_converted(verified, req.messages, 0, frozenset())[0]]
 
 
-def _system(req: CountTokensRequest) -> list[dict]:
+def _system(req: CountTokensRequest) -> list[JSONObject]:
     return [{"role": "system", "content": joined_text(req.system)}] if req.system else []
 
 
@@ -182,16 +182,16 @@ _MESSAGE: TypeAdapter[MessageParam] = TypeAdapter(MessageParam)
 
 def _converted(
     verified: Verifier, raw: list[Any], start: int, calls: frozenset[str]
-) -> tuple[list[dict], frozenset[str]]:
+) -> tuple[list[JSONObject], frozenset[str]]:
     """Messages `start`.. validated and converted; `calls` are the tool_use ids of the assistant
     message before them, which a tool_result may answer."""
-    out: list[dict] = []
+    out: list[JSONObject] = []
     for i in range(start, len(raw)):
         try:
             m = _MESSAGE.validate_python(raw[i])
         except ValidationError as e:
             raise from_validation_error(e, f"messages.{i}") from None
-        blocks: list = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        blocks: list[AnyBlock] = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         if m.role == "assistant":
             out.append(_assistant(blocks, i, verified))
             calls = frozenset(b.id for b in blocks if isinstance(b, ToolUseBlock))
@@ -201,7 +201,7 @@ def _converted(
     return out, calls
 
 
-def _assistant(blocks: list, i: int, verified: Verifier) -> dict:
+def _assistant(blocks: list[AnyBlock], i: int, verified: Verifier) -> JSONObject:
     text, reasoning, foreign, tool_calls = "", "", False, []
     for j, b in enumerate(blocks):
         if isinstance(b, ThinkingBlock):
@@ -226,7 +226,7 @@ def _assistant(blocks: list, i: int, verified: Verifier) -> dict:
     return message
 
 
-def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
+def _user(blocks: list[AnyBlock], i: int, calls: frozenset[str]) -> list[JSONObject]:
     results, text = [], ""
     for j, b in enumerate(blocks):
         if isinstance(b, ToolResultBlock):
@@ -245,7 +245,7 @@ def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
-def _chat_tools(req: CountTokensRequest) -> list[dict] | None:
+def _chat_tools(req: CountTokensRequest) -> list[JSONObject] | None:
     return chat_tools((t.name, t.description, t.input_schema) for t in req.tools or [])
 
 
@@ -259,7 +259,7 @@ def _tool_choice(req: CountTokensRequest) -> ToolChoice:
     return tool_choice("required" if choice.type == "any" else choice.type, None, names, said=choice.type)
 
 
-async def _messages(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+async def _messages(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
     req: MessagesRequest = parse(MessagesRequest, _served(body))
     planned = await plan_turn(state, turn.session, conversation(state, req, turn.session))
     head = _head(req.model or state.model_name, len(planned.plan.input_ids))
@@ -276,7 +276,7 @@ async def _messages(state: RouterState, turn: InFlight, body: dict, started: flo
 Signer = Callable[[str], str]  # a thinking block's signature: the router's reference to it
 
 
-def content_blocks(reply: dict, sign: Signer) -> list[dict]:
+def content_blocks(reply: JSONObject, sign: Signer) -> list[JSONObject]:
     reasoning = reply.get("reasoning_content")
     blocks = [_thinking_block(reasoning, sign)] if reasoning else []
     blocks += [{"type": "text", "text": reply["content"]}] if reply.get("content") else []
@@ -286,7 +286,7 @@ def content_blocks(reply: dict, sign: Signer) -> list[dict]:
     return blocks
 
 
-def stop_reason(gen: Generation, reply: dict, stops: list[str]) -> tuple[str, str | None]:
+def stop_reason(gen: Generation, reply: JSONObject, stops: list[str]) -> tuple[str, str | None]:
     """Anthropic's (`stop_reason`, `stop_sequence`) of a finished reply."""
     if reply.get("tool_calls"):
         return "tool_use", None
@@ -296,11 +296,11 @@ def stop_reason(gen: Generation, reply: dict, stops: list[str]) -> tuple[str, st
     return ("stop_sequence", matched) if matched is not None and matched in stops else ("end_turn", None)
 
 
-def _thinking_block(text: str, sign: Signer) -> dict:
+def _thinking_block(text: str, sign: Signer) -> JSONObject:
     return {"type": "thinking", "thinking": text, "signature": sign(text)}
 
 
-def message_body(head: dict, gen: Generation, reply: dict, stops: list[str], sign: Signer) -> dict:
+def message_body(head: JSONObject, gen: Generation, reply: JSONObject, stops: list[str], sign: Signer) -> JSONObject:
     reason, sequence = stop_reason(gen, reply, stops)
     return {
         **head,
@@ -311,7 +311,7 @@ def message_body(head: dict, gen: Generation, reply: dict, stops: list[str], sig
     }
 
 
-def _head(model: str, prompt_tokens: int) -> dict:
+def _head(model: str, prompt_tokens: int) -> JSONObject:
     return {
         "id": "msg_" + R.new_id("slimeish").split("-", 1)[1],
         "type": "message",
@@ -324,7 +324,7 @@ def _head(model: str, prompt_tokens: int) -> dict:
     }
 
 
-def event(kind: str, data: dict) -> bytes:
+def event(kind: str, data: JSONObject) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
@@ -337,7 +337,7 @@ _SHAPE = StreamShape(_error_event, lambda: _PING)
 
 
 async def _stream(
-    state: RouterState, turn: InFlight, planned: PlannedTurn, head: dict, sign: Signer, started: float
+    state: RouterState, turn: InFlight, planned: PlannedTurn, head: JSONObject, sign: Signer, started: float
 ) -> Response:
     chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, {})
     result = StreamedTurn()
@@ -347,9 +347,9 @@ async def _stream(
 
 async def message_events(
     state: RouterState,
-    chunks: AsyncIterator[tuple[dict, str]],
+    chunks: AsyncIterator[tuple[JSONObject, str]],
     planned: PlannedTurn,
-    head: dict,
+    head: JSONObject,
     sign: Signer,
     result: StreamedTurn,
 ) -> AsyncIterator[bytes]:
@@ -393,7 +393,7 @@ async def message_events(
     result.answers.append(done.message)
 
 
-def _thinking_events(index: int, block: dict) -> list[bytes]:
+def _thinking_events(index: int, block: JSONObject) -> list[bytes]:
     """A thinking block whole: its text is known only once it closed; the signature comes last, as
     Anthropic sends it."""
     return [
@@ -420,7 +420,7 @@ def _text_delta(index: int, text: str) -> bytes:
     return event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": text}})
 
 
-def _tool_use_events(index: int, block: dict) -> list[bytes]:
+def _tool_use_events(index: int, block: JSONObject) -> list[bytes]:
     start = {**block, "input": {}}
     partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
     return [

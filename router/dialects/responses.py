@@ -26,11 +26,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from slimeish.router import history as H
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.responses_output import Events, finished, response_events
 from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
     Conversation,
     InFlight,
@@ -155,11 +156,11 @@ async def responses(request: Request, api_key: str | None = None) -> Response:
     return await serve_turn(request, api_key, _responses)
 
 
-def _served(body: dict) -> dict:
+def _served(body: JSONObject) -> JSONObject:
     return refuse_hosted_tools(body, ("function",), "a function tool")
 
 
-def _chat_tools(req: ResponsesRequest) -> list[dict] | None:
+def _chat_tools(req: ResponsesRequest) -> list[JSONObject] | None:
     return chat_tools((t.name, t.description, t.parameters) for t in req.tools or [])
 
 
@@ -170,7 +171,7 @@ def _tool_choice(req: ResponsesRequest) -> ToolChoice:
     return tool_choice(choice, None, names)
 
 
-def history(session: Session | None, req: ResponsesRequest) -> list[dict]:
+def history(session: Session | None, req: ResponsesRequest) -> list[JSONObject]:
     """The conversation before this request's items: the stored response it continues, if any."""
     if req.previous_response_id is None:
         return []
@@ -194,7 +195,9 @@ def stored_response(session: Session | None, response_id: str) -> bytes:
     return stored.body
 
 
-def chat_messages(state: RouterState, session: Session | None, raw: str | list, before: list[dict]) -> list[dict]:
+def chat_messages(
+    state: RouterState, session: Session | None, raw: str | list[Any], before: list[JSONObject]
+) -> list[JSONObject]:
     """The input as chat messages after `before` (whose calls a function_call_output may answer)."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
@@ -221,7 +224,7 @@ def _role(item: Any) -> Any:
     return item.get("role") if isinstance(item, dict) else None
 
 
-def _reasoning_message(item: ReasoningItem, verified: Callable[[str, str], bool]) -> dict:
+def _reasoning_message(item: ReasoningItem, verified: Callable[[str, str], bool]) -> JSONObject:
     """The assistant message a reasoning item opens; a reference that is not the router's marks it
     as the agent's own reasoning (an edit)."""
     message: dict[str, Any] = {"role": "assistant", "content": None}
@@ -232,14 +235,14 @@ def _reasoning_message(item: ReasoningItem, verified: Callable[[str, str], bool]
     return message
 
 
-def _opened_by_reasoning(out: list[dict]) -> bool:
+def _opened_by_reasoning(out: list[JSONObject]) -> bool:
     return bool(out) and out[-1]["role"] == "assistant" and out[-1]["content"] is None and "tool_calls" not in out[-1]
 
 
 def _converted(
     verified: Callable[[str, str], bool], raw: list[Any], start: int, open_calls: frozenset[str]
-) -> tuple[list[dict], frozenset[str]]:
-    out: list[dict] = []
+) -> tuple[list[JSONObject], frozenset[str]]:
+    out: list[JSONObject] = []
     calls = set(open_calls)
     for i, item in enumerate(items(raw, start), start):
         if isinstance(item, ReasoningItem):
@@ -271,7 +274,9 @@ def _converted(
     return messages, frozenset(calls)
 
 
-def conversation(state: RouterState, req: ResponsesRequest, session: Session | None) -> tuple[Conversation, list[dict]]:
+def conversation(
+    state: RouterState, req: ResponsesRequest, session: Session | None
+) -> tuple[Conversation, list[JSONObject]]:
     """The conversation, and its messages without `instructions` (what `store` keeps)."""
     before = history(session, req)
     kept = [*before, *chat_messages(state, session, req.input, before)]
@@ -281,7 +286,7 @@ def conversation(state: RouterState, req: ResponsesRequest, session: Session | N
     return conv, kept
 
 
-async def _responses(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+async def _responses(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
     session = turn.session
     req: ResponsesRequest = parse(ResponsesRequest, _served(body))
     conv, kept = conversation(state, req, session)
@@ -304,7 +309,7 @@ def _signer(state: RouterState, session: Session | None, response_id: str) -> Ca
     return lambda text: state.signer.sign(session_id, response_id, text)
 
 
-def response_shell(req: ResponsesRequest, model: str) -> dict:
+def response_shell(req: ResponsesRequest, model: str) -> JSONObject:
     """The response object before any output (what `response.created` carries)."""
     tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
     return {
@@ -335,8 +340,8 @@ async def _stream(
     state: RouterState,
     turn: InFlight,
     planned: PlannedTurn,
-    shell: dict,
-    kept: list[dict],
+    shell: JSONObject,
+    kept: list[JSONObject],
     store: bool,
     started: float,
     sign: Callable[[str], str],

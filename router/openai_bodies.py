@@ -10,6 +10,7 @@ import orjson
 from fastapi.responses import Response
 
 from slimeish.common.finish import openai_finish_reason
+from slimeish.router.jsontypes import JSONObject, TokenLogprob
 from slimeish.router.renderers.base import Renderer
 from slimeish.router.turns import Generation
 
@@ -36,7 +37,7 @@ def _token_entry(renderer: Renderer, token_id: int, logprob: float) -> dict[str,
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
-def stream_logprobs(renderer: Renderer, entries: list[list]) -> dict[str, Any]:
+def stream_logprobs(renderer: Renderer, entries: list[TokenLogprob]) -> dict[str, Any]:
     """Chat log-probs of the tokens in one stream chunk (`[logprob, token_id, text]` entries)."""
     return {"content": [{**_token_entry(renderer, e[1], e[0]), "top_logprobs": []} for e in entries]}
 
@@ -66,7 +67,11 @@ def completion_logprobs(renderer: Renderer, gen: Generation) -> dict[str, Any]:
 
 
 def chat_completion(
-    model: str, messages: list[dict], gens: list[Generation], prompt_tokens: int, logprobs: list[dict] | None
+    model: str,
+    messages: list[JSONObject],
+    gens: list[Generation],
+    prompt_tokens: int,
+    logprobs: list[JSONObject] | None,
 ) -> dict[str, Any]:
     choices = [
         {
@@ -88,7 +93,7 @@ def chat_completion(
 
 
 def text_completion(
-    model: str, texts: list[str], gens: list[Generation], prompt_tokens: int, logprobs: list[dict] | None
+    model: str, texts: list[str], gens: list[Generation], prompt_tokens: int, logprobs: list[JSONObject] | None
 ) -> dict[str, Any]:
     choices = [
         {
