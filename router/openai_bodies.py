@@ -20,11 +20,12 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """A fresh id after `prefix`, which carries the API's own separator (`chatcmpl-`, `msg_`)."""
+    return prefix + uuid.uuid4().hex
 
 
 def stream_head(model: str, prefix: str, obj: str) -> dict[str, Any]:
-    return {"id": new_id(prefix), "object": obj, "created": int(time.time()), "model": model}
+    return {"id": new_id(prefix + "-"), "object": obj, "created": int(time.time()), "model": model}
 
 
 def usage(prompt_tokens: int, gens: list[Generation]) -> dict[str, int]:
@@ -83,7 +84,7 @@ def chat_completion(
         for i, (gen, message) in enumerate(zip(gens, messages, strict=True))
     ]
     return {
-        "id": new_id("chatcmpl"),
+        "id": new_id("chatcmpl-"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -105,7 +106,7 @@ def text_completion(
         for i, (gen, text) in enumerate(zip(gens, texts, strict=True))
     ]
     return {
-        "id": new_id("cmpl"),
+        "id": new_id("cmpl-"),
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, Literal
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slimeish.router import history as H
 from slimeish.router import openai_bodies as R
+from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
@@ -32,15 +34,9 @@ from slimeish.router.pipeline import (
     Conversation,
     InFlight,
     PlannedTurn,
-    StreamShape,
     assistant_message,
-    engine_chunks,
-    generate_replies,
     parse,
-    plan_turn,
-    record,
     serve_turn,
-    stream_response,
 )
 from slimeish.router.renderers.base import TemplateError
 from slimeish.router.schemas import SamplingFields, ToolChoice, TopK
@@ -126,10 +122,6 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: TopK | None = None
     stream: bool = False
-
-
-async def messages(request: Request, api_key: str | None = None) -> Response:
-    return await serve_turn(request, api_key, _messages)
 
 
 async def count_tokens(request: Request, api_key: str | None = None) -> Response:
@@ -259,20 +251,6 @@ def _tool_choice(req: CountTokensRequest) -> ToolChoice:
     return tool_choice("required" if choice.type == "any" else choice.type, None, names, said=choice.type)
 
 
-async def _messages(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
-    req: MessagesRequest = parse(MessagesRequest, _served(body))
-    planned = await plan_turn(state, turn.session, conversation(state, req, turn.session))
-    head = _head(req.model or state.model_name, len(planned.plan.input_ids))
-    session_id = turn.session.session_id if turn.session else ""
-    sign: Signer = lambda text: state.signer.sign(session_id, head["id"], text)  # noqa: E731
-    if req.stream:
-        return await _stream(state, turn, planned, head, sign, started)
-    gens, replies = await generate_replies(state, turn.session, planned)
-    out = message_body(head, gens[0], replies[0], planned.params.get("stop", []), sign)
-    await record(state, turn, planned.plan, gens, replies, started)
-    return R.json_response(out)
-
-
 Signer = Callable[[str], str]  # a thinking block's signature: the router's reference to it
 
 
@@ -311,9 +289,9 @@ def message_body(head: JSONObject, gen: Generation, reply: JSONObject, stops: li
     }
 
 
-def _head(model: str, prompt_tokens: int) -> JSONObject:
+def _head(message_id: str, model: str, prompt_tokens: int) -> JSONObject:
     return {
-        "id": "msg_" + R.new_id("slimeish").split("-", 1)[1],
+        "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -333,16 +311,53 @@ def _error_event(e: APIError) -> bytes:
 
 
 _PING = event("ping", {})
-_SHAPE = StreamShape(_error_event, lambda: _PING)
 
 
-async def _stream(
-    state: RouterState, turn: InFlight, planned: PlannedTurn, head: JSONObject, sign: Signer, started: float
-) -> Response:
-    chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, {})
-    result = StreamedTurn()
-    events = message_events(state, chunks, planned, head, sign, result)
-    return stream_response(state, turn, planned.plan, events, result, started, _SHAPE)
+@dataclass
+class MessagesTurn:
+    req: MessagesRequest
+    conversation: Conversation
+    message_id: str
+    sign: Signer  # the thinking block's signature, a reference to this message
+
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
+
+    @property
+    def engine_extra(self) -> JSONObject:
+        return {}
+
+    def answer(
+        self, state: RouterState, planned: PlannedTurn, gens: list[Generation], replies: list[JSONObject]
+    ) -> JSONObject:
+        return message_body(self._head(state, planned), gens[0], replies[0], planned.params.get("stop", []), self.sign)
+
+    def events(
+        self, state: RouterState, planned: PlannedTurn, chunks: EngineChunks, result: StreamedTurn
+    ) -> AsyncIterator[bytes]:
+        return message_events(state, chunks, planned, self._head(state, planned), self.sign, result)
+
+    def keepalive(self) -> bytes:
+        return _PING
+
+    def _head(self, state: RouterState, planned: PlannedTurn) -> JSONObject:
+        return _head(self.message_id, self.req.model or state.model_name, len(planned.plan.input_ids))
+
+
+class Messages:
+    def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> MessagesTurn:
+        req = parse(MessagesRequest, _served(body))
+        message_id = R.new_id("msg_")
+        session_id = session.session_id if session else ""
+        sign: Signer = lambda text: state.signer.sign(session_id, message_id, text)  # noqa: E731
+        return MessagesTurn(req, conversation(state, req, session), message_id, sign)
+
+    def error_event(self, error: APIError) -> bytes:
+        return _error_event(error)
+
+
+messages = endpoint(Messages())
 
 
 async def message_events(

@@ -313,7 +313,7 @@ def response_shell(req: ResponsesRequest, model: str) -> JSONObject:
     """The response object before any output (what `response.created` carries)."""
     tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
     return {
-        "id": "resp_" + R.new_id("x")[2:],
+        "id": R.new_id("resp_"),
         "object": "response",
         "created_at": int(time.time()),
         "model": model,

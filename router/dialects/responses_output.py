@@ -47,7 +47,7 @@ def output_items(reply: JSONObject, sign: Callable[[str], str]) -> list[JSONObje
 def _reasoning_item(text: str | None, reference: str | None, status: str, item_id: str | None = None) -> JSONObject:
     """Reasoning as open-weight servers give it: the raw text as `reasoning_text` content, no summary."""
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-    item_id = item_id or "rs_" + R.new_id("x")[2:]
+    item_id = item_id or R.new_id("rs_")
     return {
         "type": "reasoning",
         "id": item_id,
@@ -60,7 +60,7 @@ def _reasoning_item(text: str | None, reference: str | None, status: str, item_i
 
 def _message_item(text: str | None, status: str, item_id: str | None = None) -> JSONObject:
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    item_id = item_id or "msg_" + R.new_id("x")[2:]
+    item_id = item_id or R.new_id("msg_")
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
@@ -112,7 +112,7 @@ async def response_events(
             for event in _reasoning_events(ev, 0, output[0]):
                 yield event
         if d.text and not item_id:
-            item_id = "msg_" + R.new_id("x")[2:]
+            item_id = R.new_id("msg_")
             for event in _text_opening(ev, len(output), item_id):
                 yield event
         if d.text:
@@ -121,7 +121,7 @@ async def response_events(
     (done,) = replies.finish(lambda g: assistant_message(state, g, planned.parse_tools, planned.forced))
     closing = []
     if not item_id and (done.last or not done.message.get("tool_calls")):  # as output_items: a message
-        item_id = "msg_" + R.new_id("x")[2:]
+        item_id = R.new_id("msg_")
         closing += _text_opening(ev, len(output), item_id)
     if done.last:
         closing.append(_text_delta(ev, len(output), item_id, done.last))
