@@ -68,14 +68,20 @@ class DialectTurn(Protocol):
         """An event the client decodes and ignores, sent while the engine is silent."""
         ...
 
+    def error_event(self, error: APIError) -> bytes:
+        """An error after the stream started (the engine's failure, a refused record), as the API's
+        stream tells it. Errors before it are HTTP errors in the API's shape (`errors.error_response`)."""
+        ...
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """What the dialect keeps once the turn is recorded (Responses' stored responses): `body` is
+        the response, `answers` the assistant messages."""
+        ...
+
 
 class Dialect(Protocol):
     def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> DialectTurn:
-        """The request body parsed: a 4xx `APIError` in the API's shape when it is not valid."""
-        ...
-
-    def error_event(self, error: APIError) -> bytes:
-        """An error after the stream started, as the API's stream tells it."""
+        """The request body parsed: a 4xx `APIError` when it is not valid."""
         ...
 
 
@@ -92,11 +98,13 @@ def endpoint(dialect: Dialect) -> Endpoint:
             chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, asked.engine_extra)
             result = StreamedTurn()
             events = asked.events(state, planned, chunks, result)
-            shape = StreamShape(dialect.error_event, asked.keepalive)
+            result.on_recorded.append(lambda: asked.recorded(result.body, result.answers))
+            shape = StreamShape(asked.error_event, asked.keepalive)
             return stream_response(state, turn, planned.plan, events, result, started, shape)
         gens, replies = await generate_replies(state, turn.session, planned, asked.engine_extra)
         out = asked.answer(state, planned, gens, replies)
         await record(state, turn, planned.plan, gens, replies, started)
+        asked.recorded(out, replies)
         return json_response(out)
 
     async def serve(request: Request, api_key: str | None = None) -> Response:

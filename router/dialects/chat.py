@@ -61,6 +61,12 @@ class ChatTurn:
     def keepalive(self) -> bytes:
         return sse({**self.head, "choices": [{"index": 0, "delta": {}}]})  # an empty delta: decoded, changes nothing
 
+    def error_event(self, error: APIError) -> bytes:
+        return sse(error.body())
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """Nothing: a chat client sends its whole history each turn."""
+
 
 class Chat:
     def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> ChatTurn:
@@ -71,9 +77,6 @@ class Chat:
         )
         head = R.stream_head(req.model or state.model_name, "chatcmpl", "chat.completion.chunk")
         return ChatTurn(req, conv, head)
-
-    def error_event(self, error: APIError) -> bytes:
-        return sse(error.body())
 
 
 chat_completions = endpoint(Chat())

@@ -306,10 +306,6 @@ def event(kind: str, data: JSONObject) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
-def _error_event(e: APIError) -> bytes:
-    return b"event: error\ndata: " + orjson.dumps(e.anthropic_body()) + b"\n\n"
-
-
 _PING = event("ping", {})
 
 
@@ -344,6 +340,12 @@ class MessagesTurn:
     def _head(self, state: RouterState, planned: PlannedTurn) -> JSONObject:
         return _head(self.message_id, self.req.model or state.model_name, len(planned.plan.input_ids))
 
+    def error_event(self, error: APIError) -> bytes:
+        return b"event: error\ndata: " + orjson.dumps(error.anthropic_body()) + b"\n\n"
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """Nothing: a Messages client sends its whole history each turn."""
+
 
 class Messages:
     def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> MessagesTurn:
@@ -352,9 +354,6 @@ class Messages:
         session_id = session.session_id if session else ""
         sign: Signer = lambda text: state.signer.sign(session_id, message_id, text)  # noqa: E731
         return MessagesTurn(req, conversation(state, req, session), message_id, sign)
-
-    def error_event(self, error: APIError) -> bytes:
-        return _error_event(error)
 
 
 messages = endpoint(Messages())

@@ -16,17 +16,17 @@ events are built in `responses_output`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from slimeish.router import history as H
 from slimeish.router import openai_bodies as R
+from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.responses_output import Events, finished, response_events
 from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
@@ -34,21 +34,14 @@ from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
     Conversation,
-    InFlight,
     PlannedTurn,
-    StreamShape,
-    engine_chunks,
-    generate_replies,
     parse,
-    plan_turn,
-    record,
-    serve_turn,
-    stream_response,
 )
 from slimeish.router.schemas import SamplingFields, ToolChoice
 from slimeish.router.sessions import Session, StoredResponse
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import StreamedTurn
+from slimeish.router.turns import Generation
 
 
 class _Item(BaseModel):
@@ -150,10 +143,6 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     previous_response_id: str | None = None
     stream: bool = False
-
-
-async def responses(request: Request, api_key: str | None = None) -> Response:
-    return await serve_turn(request, api_key, _responses)
 
 
 def _served(body: JSONObject) -> JSONObject:
@@ -286,23 +275,6 @@ def conversation(
     return conv, kept
 
 
-async def _responses(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
-    session = turn.session
-    req: ResponsesRequest = parse(ResponsesRequest, _served(body))
-    conv, kept = conversation(state, req, session)
-    planned = await plan_turn(state, session, conv)
-    shell = response_shell(req, req.model or state.model_name)
-    sign = _signer(state, session, shell["id"])
-    if req.stream:
-        return await _stream(state, turn, planned, shell, kept, req.store, started, sign)
-    gens, replies = await generate_replies(state, session, planned)
-    out = {**shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), sign)}
-    await record(state, turn, planned.plan, gens, replies, started)
-    if session is not None and req.store:
-        session.responses[shell["id"]] = StoredResponse([*kept, replies[0]], orjson.dumps(out))
-    return R.json_response(out)
-
-
 def _signer(state: RouterState, session: Session | None, response_id: str) -> Callable[[str], str]:
     """The `encrypted_content` of this response's reasoning: a reference the router recognises."""
     session_id = session.session_id if session else ""
@@ -336,30 +308,53 @@ def response_shell(req: ResponsesRequest, model: str) -> JSONObject:
     }
 
 
-async def _stream(
-    state: RouterState,
-    turn: InFlight,
-    planned: PlannedTurn,
-    shell: JSONObject,
-    kept: list[JSONObject],
-    store: bool,
-    started: float,
-    sign: Callable[[str], str],
-) -> Response:
-    chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, {})
-    result, ev = StreamedTurn(), Events()
-    events = response_events(state, chunks, planned, shell, result, ev, sign)
-    if turn.session is not None and store:
-        session = turn.session
+@dataclass
+class ResponsesTurn:
+    req: ResponsesRequest
+    conversation: Conversation
+    session: Session | None
+    kept: list[JSONObject]  # the conversation without `instructions`: what `store` keeps
+    shell: JSONObject  # the response before any output (`response_shell`)
+    sign: Callable[[str], str]
+    ev: Events = field(default_factory=Events)  # the stream's events, numbered
 
-        def keep() -> None:
-            session.responses[shell["id"]] = StoredResponse([*kept, result.answers[0]], orjson.dumps(result.body))
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
 
-        result.on_recorded.append(keep)
+    @property
+    def engine_extra(self) -> JSONObject:
+        return {}
 
-    def failed(e: APIError) -> bytes:
-        error = {"code": e.code or e.type, "message": e.message}
-        return ev("response.failed", response={**shell, "status": "failed", "error": error})
+    def answer(
+        self, state: RouterState, planned: PlannedTurn, gens: list[Generation], replies: list[JSONObject]
+    ) -> JSONObject:
+        return {**self.shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), self.sign)}
 
-    keepalive: Callable[[], bytes] = lambda: ev("response.in_progress", response=shell)  # noqa: E731
-    return stream_response(state, turn, planned.plan, events, result, started, StreamShape(failed, keepalive))
+    def events(
+        self, state: RouterState, planned: PlannedTurn, chunks: EngineChunks, result: StreamedTurn
+    ) -> AsyncIterator[bytes]:
+        return response_events(state, chunks, planned, self.shell, result, self.ev, self.sign)
+
+    def keepalive(self) -> bytes:
+        return self.ev("response.in_progress", response=self.shell)
+
+    def error_event(self, error: APIError) -> bytes:
+        failure = {"code": error.code or error.type, "message": error.message}
+        return self.ev("response.failed", response={**self.shell, "status": "failed", "error": failure})
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """With `store`, the session keeps the response for `previous_response_id` and GET."""
+        if self.session is not None and self.req.store:
+            self.session.responses[self.shell["id"]] = StoredResponse([*self.kept, answers[0]], orjson.dumps(body))
+
+
+class Responses:
+    def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> ResponsesTurn:
+        req = parse(ResponsesRequest, _served(body))
+        conv, kept = conversation(state, req, session)
+        shell = response_shell(req, req.model or state.model_name)
+        return ResponsesTurn(req, conv, session, kept, shell, _signer(state, session, shell["id"]))
+
+
+responses = endpoint(Responses())

@@ -75,6 +75,12 @@ class ToyTurn:
     def keepalive(self) -> bytes:
         return b": still here\n\n"
 
+    def error_event(self, error: APIError) -> bytes:
+        return _data({"failed": error.message})
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """Nothing to keep: the toy client sends its whole history."""
+
 
 class Toy:
     def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> ToyTurn:
@@ -82,9 +88,6 @@ class Toy:
         messages = [m.model_dump() for m in req.messages]
         sampling = SamplingFields(n=1, max_tokens=req.max_tokens)
         return ToyTurn(req.stream, Conversation(messages, None, sampling, req.max_tokens), {})
-
-    def error_event(self, error: APIError) -> bytes:
-        return _data({"failed": error.message})
 
 
 @pytest.fixture(scope="module")
