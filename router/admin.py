@@ -15,6 +15,7 @@ from slimeish.common.sample import Status
 from slimeish.router.capture import NEXT_TURN_PROMPT
 from slimeish.router.engine_pool import refused_by_all
 from slimeish.router.errors import APIError
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import bearer_token, parse, read_json
 from slimeish.router.sessions import Closed, CreateSession, FinishSession, Session
 from slimeish.router.state import RouterState, get_state
@@ -91,7 +92,7 @@ async def _open(state: RouterState, session: Session, info: SessionInfo) -> None
 @admin.post("/sessions")
 async def create_session(
     request: Request, state: AdminState, req: Annotated[CreateSession, Depends(json_body(CreateSession))]
-) -> dict:
+) -> JSONObject:
     try:
         session = state.sessions.create(req)
     except ValueError as e:
@@ -113,7 +114,7 @@ async def create_session(
 
 
 @admin.get("/sessions/{session_id}")
-async def get_session(state: AdminState, session_id: str) -> dict:
+async def get_session(state: AdminState, session_id: str) -> JSONObject:
     session = _session(state, session_id)
     return session.summary if isinstance(session, Closed) else session.summary()
 
@@ -133,7 +134,7 @@ async def _end(
     outcome: FinishSession,
     store: Callable[[Session], Awaitable[None]],
     wait: bool,
-) -> dict:
+) -> JSONObject:
     """Seal `session` with `outcome` once `store` (run under its write lock, after any turn still
     being written) stored its end; with `wait`, first wait for the turns still generating."""
     if isinstance(session, Closed) or session.closed:  # checked and set with no await in between
@@ -156,7 +157,7 @@ async def _end(
 
 
 @admin.post("/sessions/{session_id}/finish")
-async def finish_session(request: Request, session_id: str) -> dict:
+async def finish_session(request: Request, session_id: str) -> JSONObject:
     """Seal an episode with its outcome (admin token or the session's own key)."""
     state = get_state(request)
     session = _endable(state, request, session_id)
@@ -171,7 +172,7 @@ async def finish_session(request: Request, session_id: str) -> dict:
 
 
 @admin.post("/sessions/{session_id}/abort")
-async def abort_session(request: Request, session_id: str) -> dict:
+async def abort_session(request: Request, session_id: str) -> JSONObject:
     """The episode was lost to its infrastructure (the worker running its agent died), not failed
     by its agent: seal the session as aborted and give its group place back in the buffer, for
     the rollout side to generate the member again at the same index. Turns still generating are
@@ -197,19 +198,19 @@ class EngineURL(BaseModel):
 EngineBody = Annotated[EngineURL, Depends(json_body(EngineURL))]
 
 
-def _pool(state: RouterState) -> dict:
+def _pool(state: RouterState) -> JSONObject:
     """The engines, and the weight version of the last update this router did or recorded."""
     update = state.pool.update
     return {"engines": [e.as_dict() for e in state.pool.engines.values()], "weight_version": update and update.version}
 
 
 @admin.get("/admin/engines")
-async def list_engines(state: AdminState) -> dict:
+async def list_engines(state: AdminState) -> JSONObject:
     return _pool(state)
 
 
 @admin.post("/admin/engines")
-async def add_engine(state: AdminState, req: EngineBody) -> dict:
+async def add_engine(state: AdminState, req: EngineBody) -> JSONObject:
     try:
         engine = await state.pool.admit(req.url)
     except ValueError as e:
@@ -218,7 +219,7 @@ async def add_engine(state: AdminState, req: EngineBody) -> dict:
 
 
 @admin.delete("/admin/engines")
-async def remove_engine(state: AdminState, req: EngineBody) -> dict:
+async def remove_engine(state: AdminState, req: EngineBody) -> JSONObject:
     try:
         state.pool.remove(req.url)
     except KeyError:
@@ -228,11 +229,13 @@ async def remove_engine(state: AdminState, req: EngineBody) -> dict:
 
 class RecordUpdate(BaseModel):
     path: Literal["/update_weights_from_disk", "/update_weights_from_tensor"]
-    body: dict
+    body: JSONObject
 
 
 @admin.post("/admin/record_update")
-async def record_update(state: AdminState, req: Annotated[RecordUpdate, Depends(json_body(RecordUpdate))]) -> dict:
+async def record_update(
+    state: AdminState, req: Annotated[RecordUpdate, Depends(json_body(RecordUpdate))]
+) -> JSONObject:
     """An update another router of the run fanned out to the engines: remembered, not sent, so an
     engine that comes back behind it is caught up here too (router replicas)."""
     try:
@@ -252,7 +255,7 @@ _FAN_OUT = (
 
 
 def _fan_out_route(name: str) -> None:
-    async def handler(request: Request, state: AdminState) -> dict:
+    async def handler(request: Request, state: AdminState) -> JSONObject:
         body = await read_json(request) if await request.body() else {}
         results = await state.pool.fan_out("/" + name, body)
         if name.startswith("update_weights"):

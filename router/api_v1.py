@@ -12,9 +12,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.responses import stored_response
 from slimeish.router.errors import APIError
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.limits import check_context, off_loop_if_large
 from slimeish.router.pipeline import (
     InFlight,
@@ -41,7 +42,7 @@ async def completions(request: Request, api_key: str | None = None) -> Response:
     return await serve_turn(request, api_key, _completion)
 
 
-async def _completion(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+async def _completion(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
     session = turn.session
     req: CompletionRequest = parse(CompletionRequest, body)
     capture = session.capture if session else state.sessions.new_capture()
@@ -79,7 +80,7 @@ async def _no_answers(events: AsyncIterator[bytes], result: StreamedTurn) -> Asy
 
 @api.get("/v1/models")
 @api.get("/s/{api_key}/v1/models")
-async def models(request: Request, api_key: str | None = None) -> dict:
+async def models(request: Request, api_key: str | None = None) -> JSONObject:
     state = get_state(request)
     if api_key is not None:
         session_for_key(state, api_key)
@@ -101,7 +102,7 @@ async def generate(request: Request, api_key: str | None) -> Response:
     return await serve_turn(request, api_key, _generate)
 
 
-async def _generate(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
+async def _generate(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
     session = turn.session
     assert session is not None  # the dispatcher routes /generate with a key in the path only
     ids = body.get("input_ids")

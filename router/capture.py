@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from slimeish.router import history as H
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import Renderer, TemplateError
 
-Validator = Callable[[list[dict], int], None]
-Agent = tuple  # (the canonical system message or None, the tools): whose conversation a chat turn is
+Validator = Callable[[list[JSONObject], int], None]
+# (the canonical system message or None, the tools): whose conversation a chat turn is
+Agent = tuple[H.Canonical | None, list[JSONObject] | None]
 
 SAMPLED, TEMPLATE = "sampled", "template"  # --next-turn-prompt
 NEXT_TURN_PROMPT = "next_turn_prompt"  # the sample metadata key that records which one a session used
@@ -37,12 +40,12 @@ NEXT_TURN_PROMPT = "next_turn_prompt"  # the sample metadata key that records wh
 class ChatState:
     """A chat segment's conversation so far, which the next turn must extend."""
 
-    history: list[dict]  # the messages the agent sent last turn, as sent
-    reply: dict  # the assistant message the router returned for them
-    tools: list[dict] | None
+    history: list[JSONObject]  # the messages the agent sent last turn, as sent
+    reply: JSONObject  # the assistant message the router returned for them
+    tools: list[JSONObject] | None
     # `history` with each echoed reply replaced by the one the router returned (reasoning
     # included): what the `template` next-turn prompt renders.
-    conversation: list[dict]
+    conversation: list[JSONObject]
 
 
 @dataclass
@@ -65,11 +68,11 @@ class TurnPlan:
     split_reason: str | None
     prompt_ids: list[int]  # tokens appended before generation (the whole prompt for a new segment)
     input_ids: list[int]  # everything the engine is given
-    messages: list[dict] | None = None
-    tools: list[dict] | None = None
+    messages: list[JSONObject] | None = None
+    tools: list[JSONObject] | None = None
     prompt_text: str | None = None
     bridged: bool = False  # the prompt continues the segment's sampled tokens (counted once committed)
-    conversation: list[dict] | None = None  # `template` prompts: the messages rendered, if not `messages`
+    conversation: list[JSONObject] | None = None  # `template` prompts: the messages rendered, if not `messages`
     agent: Agent | None = None  # chat turns: the agent the messages come from (its lineage, once committed)
 
     def with_forced(self, ids: list[int]) -> TurnPlan:
@@ -95,7 +98,7 @@ class Capture:
         self.agents: list[Agent] = []  # lineage i is agents[i]
 
     # -- planning ---------------------------------------------------------------------------
-    def plan_chat(self, messages: list[dict], tools: list[dict] | None, validate: Validator) -> TurnPlan:
+    def plan_chat(self, messages: list[JSONObject], tools: list[JSONObject] | None, validate: Validator) -> TurnPlan:
         """`validate(messages, start)` is called before messages from `start` on are read: the
         ones before it equal messages validated in an earlier turn."""
         agent = _agent(messages, tools)
@@ -109,7 +112,7 @@ class Capture:
         return self._new(reason, render(messages, tools), messages=messages, tools=tools, agent=agent)
 
     def _try_extend_chat(
-        self, seg: Segment, messages: list[dict], tools: list[dict] | None, validate: Validator
+        self, seg: Segment, messages: list[JSONObject], tools: list[JSONObject] | None, validate: Validator
     ) -> TurnPlan | None:
         chat = seg.chat
         if chat is None or tools != chat.tools:
@@ -134,7 +137,7 @@ class Capture:
         )
 
     def _template_turn(
-        self, seg: Segment, conversation: list[dict], messages: list[dict], tools: list[dict] | None
+        self, seg: Segment, conversation: list[JSONObject], messages: list[JSONObject], tools: list[JSONObject] | None
     ) -> TurnPlan:
         """The template's rendering of the whole conversation: it extends the segment only if it
         starts with the segment's tokens, else it starts one."""
@@ -144,7 +147,9 @@ class Capture:
             return TurnPlan(seg.index, seg.version, None, ids[n:], ids, messages, tools, conversation=conversation)
         return self._new(H.TEMPLATE_RENDERED, ids, messages=messages, tools=tools, conversation=conversation)
 
-    def _chat_split_reason(self, messages: list[dict], tools: list[dict] | None, agent: Agent) -> str | None:
+    def _chat_split_reason(
+        self, messages: list[JSONObject], tools: list[JSONObject] | None, agent: Agent
+    ) -> str | None:
         """Why the turn does not extend the last conversation of its agent (or, for a new agent,
         the session's last conversation)."""
         lineage = self.agents.index(agent) if agent in self.agents else None
@@ -189,12 +194,12 @@ class Capture:
     def _latest_of(self, lineage: int) -> int:
         return next(s.index for s in reversed(self.segments) if s.lineage == lineage)
 
-    def _new(self, reason: str | None, ids: list[int], **state) -> TurnPlan:
+    def _new(self, reason: str | None, ids: list[int], **state: Any) -> TurnPlan:
         return TurnPlan(len(self.segments), None, reason, ids, ids, **state)
 
     # -- committing -------------------------------------------------------------------------
     def commit(
-        self, plan: TurnPlan, output_ids: list[int], reply: dict | None = None, text: str | None = None
+        self, plan: TurnPlan, output_ids: list[int], reply: JSONObject | None = None, text: str | None = None
     ) -> Committed:
         """Apply one finished generation; `reply` (chat) or `text` (completions) is what the
         agent was given, so the next turn can be recognised as extending this one."""
@@ -239,6 +244,6 @@ class Capture:
         return self.agents.index(plan.agent)
 
 
-def _agent(messages: list[dict], tools: list[dict] | None) -> Agent:
+def _agent(messages: list[JSONObject], tools: list[JSONObject] | None) -> Agent:
     first = messages[0] if messages and messages[0].get("role") in ("system", "developer") else None
     return (H.canonical(first) if first is not None else None, tools)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from slimeish.router.api_v1 import completions, generate
 from slimeish.router.dialects.chat import chat_completions
@@ -53,7 +54,9 @@ def match_turn_route(path: str) -> tuple[str, TurnEndpoint, str | None] | None:
     return None
 
 
-async def serve_turn_route(app: FastAPI, route: tuple[str, TurnEndpoint, str | None], scope, receive, send) -> None:
+async def serve_turn_route(
+    app: FastAPI, route: tuple[str, TurnEndpoint, str | None], scope: Scope, receive: Receive, send: Send
+) -> None:
     endpoint, handler, api_key = route
     scope["app"] = app  # what Starlette sets: handlers reach the router state through it
     request = Request(scope, receive)
@@ -79,7 +82,7 @@ async def serve_turn_route(app: FastAPI, route: tuple[str, TurnEndpoint, str | N
 class RouterApp(FastAPI):
     """FastAPI, with the turn endpoints dispatched before its middleware stack."""
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             limit = self.state.router.config.max_body_bytes
             if declared_too_large(scope["headers"], limit):  # answered without reading the body

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from slimeish.router.jsontypes import JSONObject
+
 log = logging.getLogger(__name__)
 
 
@@ -108,7 +110,7 @@ def _check_status(engine: Engine, status: int, content: bytes) -> None:
         raise EngineRejected(f"engine rejected the request: {text[:500]}")
 
 
-def refused_by_all(results: list[dict]) -> bool:
+def refused_by_all(results: list[JSONObject]) -> bool:
     """A fan-out that engines answered with errors and none took: the call itself is bad (a
     payload no engine can load), unlike engines that were down, which are skipped."""
     return not any(r["ok"] for r in results) and any("status_code" in r for r in results)
@@ -118,12 +120,17 @@ class EngineFailedMidStream(RuntimeError):
     """The engine failed after output was already sent to the client: no retry is possible."""
 
 
+class GenerationAborted(RuntimeError):
+    """The engine ended a generation with `finish_reason.type == "abort"` (a request aborted on it):
+    the turn has no answer, streamed or not (an HTTP 503 for the client)."""
+
+
 @dataclass(frozen=True)
 class WeightUpdate:
     """The last update the engines took: replayed to an engine that comes back behind it."""
 
     path: str  # /update_weights_from_tensor or /update_weights_from_disk
-    body: dict
+    body: JSONObject
     version: int
 
 
@@ -137,11 +144,11 @@ class Engine:
     refused: str | None = None  # why the engine is kept out of the pool until it is added again
     version_checked: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> JSONObject:
         return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version", "refused")}
 
 
-async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[dict, None]:
+async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[JSONObject, None]:
     """A non-streamed answer, as one item; it carries the engine's current weight version."""
     content = await response.read()
     _check_status(engine, response.status, content)
@@ -152,7 +159,7 @@ async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGener
     yield data
 
 
-async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[dict, None]:
+async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[JSONObject, None]:
     """A streamed answer's SGLang chunks (the `data:` lines of its server-sent events)."""
     if response.status >= 400:
         _check_status(engine, response.status, await response.read())
@@ -163,7 +170,7 @@ async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGene
 
 
 # How `EnginePool._send` reads an engine's answer.
-Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[dict, None]]
+Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[JSONObject, None]]
 
 
 class EnginePool:
@@ -220,19 +227,19 @@ class EnginePool:
             raise NoEngineError("no healthy engine is available")
         return min(candidates, key=lambda e: (e.inflight, e.sessions))
 
-    async def generate(self, payload: dict, sticky: str | None) -> tuple[dict, Engine]:
+    async def generate(self, payload: JSONObject, sticky: str | None) -> tuple[JSONObject, Engine]:
         """POST /generate, retried on another engine only when one cannot be reached (see
         `_not_reached`)."""
         # `_whole` yields one answer; running `_send` to its end releases the engine right there.
         [answer] = [a async for a in self._send(orjson.dumps(payload), sticky, _whole)]
         return answer
 
-    def stream(self, payload: dict, sticky: str | None) -> AsyncIterator[tuple[dict, Engine]]:
+    def stream(self, payload: JSONObject, sticky: str | None) -> AsyncIterator[tuple[JSONObject, Engine]]:
         """POST /generate with `stream: true`, yielding SGLang chunks; an engine that cannot be
         reached is ejected and the request retried on another one."""
         return self._send(orjson.dumps({**payload, "stream": True}), sticky, _chunks)
 
-    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncIterator[tuple[dict, Engine]]:
+    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncIterator[tuple[JSONObject, Engine]]:
         """The retry loop of both: POST `body` to /generate and yield what `read` makes of the
         answer. Until the first item is out, an engine that was not reached is given up for the
         next one; after it, a failure ends the request (the client already has output)."""
@@ -357,7 +364,7 @@ class EnginePool:
                 await self.check_health()
             await asyncio.sleep(interval)
 
-    async def fan_out(self, path: str, body: dict | None) -> list[dict]:
+    async def fan_out(self, path: str, body: JSONObject | None) -> list[JSONObject]:
         """POST `body` to `path` on every healthy engine; one result per engine. An engine that is
         down, or fails the call, is skipped (`"skipped": why`) and ejected: a weight update must not
         wait for a dead engine, and the health check catches it up before it serves again."""
@@ -376,7 +383,7 @@ class EnginePool:
                 await self._record_update(path, body or {}, up)
         return ordered
 
-    async def _record_update(self, path: str, body: dict, up: list[Engine]) -> None:
+    async def _record_update(self, path: str, body: JSONObject, up: list[Engine]) -> None:
         """Remember the update as the version every engine must serve from now on (engines that
         were down take it when they come back); an engine that reports another one is ejected."""
         version = body.get("weight_version")
@@ -389,7 +396,7 @@ class EnginePool:
             if engine.weight_version != self.update.version:
                 self._eject(engine, f"reports weight version {engine.weight_version} after the update")
 
-    async def record(self, path: str, body: dict) -> None:
+    async def record(self, path: str, body: JSONObject) -> None:
         """Learn an update another router of the run fanned out (router replicas: each engine is
         updated once, by one router); it replaces the last one, as the trainer decides the order
         (a resumed run goes back to an older version). The engines' versions are read again, so
@@ -403,7 +410,7 @@ class EnginePool:
                 with contextlib.suppress(*HTTP_ERRORS):
                     await self._check_version(engine)
 
-    async def _post(self, engine: Engine, path: str, body: dict | None) -> dict:
+    async def _post(self, engine: Engine, path: str, body: JSONObject | None) -> JSONObject:
         try:
             payload = orjson.dumps(body or {})
             url = engine.url + path
@@ -411,7 +418,7 @@ class EnginePool:
                 status, content = response.status, await response.read()
         except HTTP_ERRORS as e:
             return {"url": engine.url, "ok": False, "error": repr(e)}
-        result: dict = {"url": engine.url, "ok": status == 200, "status_code": status}
+        result: JSONObject = {"url": engine.url, "ok": status == 200, "status_code": status}
         with contextlib.suppress(orjson.JSONDecodeError):
             result["response"] = orjson.loads(content)
         if isinstance(result.get("response"), dict) and result["response"].get("success") is False:

@@ -23,7 +23,13 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from slimeish.buffer import BufferInputError, ConflictError, SessionFinishedError
-from slimeish.router.engine_pool import EngineError, EngineRejected, NoEngineError
+from slimeish.router.engine_pool import (
+    EngineError,
+    EngineFailedMidStream,
+    EngineRejected,
+    GenerationAborted,
+    NoEngineError,
+)
 from slimeish.router.storage import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -86,6 +92,8 @@ _BY_TYPE: dict[type[Exception], Callable[[Any], APIError]] = {
     NoEngineError: _server_error(503, "no_healthy_engine"),
     EngineError: lambda e: APIError(e.status, str(e), type="server_error", code="engine_error"),
     EngineRejected: lambda e: APIError(400, str(e), code="engine_rejected"),
+    EngineFailedMidStream: _server_error(502, "engine_failed"),
+    GenerationAborted: _server_error(503, "generation_aborted"),
     RequestValidationError: lambda e: APIError(400, str(e.errors()[0].get("msg", e))),
 }
 

@@ -50,7 +50,11 @@ def _args(arguments: Any) -> Any:
     return arguments
 
 
-def canonical(message: dict[str, Any]) -> tuple:
+# (role, text without trailing whitespace, each call's (name, arguments as sorted JSON), tool_call_id)
+Canonical = tuple[Any, str, tuple[tuple[str, str], ...], Any]
+
+
+def canonical(message: dict[str, Any]) -> Canonical:
     """A hashable form of a message that ignores formatting but not meaning: trailing whitespace
     (smolagents strips the newline each reply ends with), tool-call ids and the arguments' JSON
     spacing and key order. A reply echoed with only those changed extends its segment, which
@@ -72,18 +76,18 @@ def reasoning_kept(echo: dict[str, Any], reply: dict[str, Any]) -> bool:
     return not sent or sent.strip() == (reply.get("reasoning_content") or "").strip()
 
 
-def _first_mismatch(a: list[tuple], b: list[tuple]) -> int:
+def _first_mismatch(a: list[Canonical], b: list[Canonical]) -> int:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
 
 
-def _first_content_index(history: list[tuple]) -> int:
+def _first_content_index(history: list[Canonical]) -> int:
     return 1 if history and history[0][0] in ("system", "developer") else 0
 
 
-def split_reason(previous: list[tuple], reply: tuple, new: list[tuple]) -> str | None:
+def split_reason(previous: list[Canonical], reply: Canonical, new: list[Canonical]) -> str | None:
     """None when `new` extends `previous + [reply]`, else why it does not (all canonical)."""
     seen = [*previous, reply]
     i = _first_mismatch(seen, new)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
 from slimeish.router.errors import APIError
 from slimeish.router.pipeline import read_json
 from slimeish.router.schemas import check_n

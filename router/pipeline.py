@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
@@ -22,22 +22,22 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from slimeish.router.capture import TurnPlan, Validator
-from slimeish.router.engine_pool import EngineFailedMidStream
+from slimeish.router.engine_pool import GenerationAborted
 from slimeish.router.errors import APIError, from_validation_error, known_error
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.limits import check_context, check_message_count, off_loop_if_large, verbatim_texts
 from slimeish.router.renderers.base import Renderer, TemplateError, reply_message
-from slimeish.router.schemas import NamedToolChoice, SamplingFields
+from slimeish.router.schemas import NamedToolChoice, SamplingFields, ToolChoice
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState, get_state
 from slimeish.router.storage import StoreUnavailable
 from slimeish.router.streaming import StreamedTurn
-from slimeish.router.turns import Generation
+from slimeish.router.turns import Answer, Generation
 
 KEY_PREFIX = "sk-slimeish-"
-ToolChoice = str | NamedToolChoice | None  # "auto" | "none" | "required" | one named function
 
 
-def _validated(messages: list[dict], start: int) -> None:
+def _validated(messages: list[JSONObject], start: int) -> None:
     """The validator of a dialect that validated its whole request while converting it."""
 
 
@@ -46,7 +46,7 @@ class Conversation:
     """What every dialect's request becomes, the one input of capture."""
 
     messages: list[Any]  # chat messages as the renderer takes them
-    tools: list[dict] | None  # chat-format function tools
+    tools: list[JSONObject] | None  # chat-format function tools
     sampling: SamplingFields
     max_tokens: int | None
     tool_choice: ToolChoice = None
@@ -56,9 +56,12 @@ class Conversation:
 @dataclass
 class PlannedTurn:
     plan: TurnPlan
-    params: dict  # SGLang sampling params
+    params: JSONObject  # SGLang sampling params
     forced: str  # the reply's start that tool_choice forced (appended to the prompt)
-    parse_tools: list[dict] | None  # the tools whose calls the reply is parsed for; None: calls are content
+    parse_tools: list[JSONObject] | None  # the tools whose calls the reply is parsed for; None: calls are content
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -75,7 +78,7 @@ def loads_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse(model: type[BaseModel], body: dict) -> Any:
+def parse(model: type[M], body: JSONObject) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as e:
@@ -143,7 +146,7 @@ def in_flight(session: Session | None, request: Request | None = None) -> Iterat
             turn.end()
 
 
-TurnHandler = Callable[[RouterState, InFlight, dict, float], Awaitable[Response]]
+TurnHandler = Callable[[RouterState, InFlight, JSONObject, float], Awaitable[Response]]
 
 
 async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler) -> Response:
@@ -183,7 +186,7 @@ def replayed(session: Session, request: Request, raw: bytes) -> Response | None:
 
 def sampling_params(
     state: RouterState, session: Session | None, req: SamplingFields, max_tokens: int | None, prompt_len: int
-) -> dict:
+) -> JSONObject:
     """SGLang sampling params: the request's, else the session's defaults (else the engine's); the
     context check of an explicit `max_tokens` gives OpenAI's `context_length_exceeded`, a default
     budget is capped by the room left."""
@@ -238,7 +241,9 @@ async def plan_turn(state: RouterState, session: Session | None, conv: Conversat
     return PlannedTurn(plan, params, forced, conv.tools if conv.tools and conv.tool_choice != "none" else None)
 
 
-def assistant_message(state: RouterState, gen: Generation, parse_tools: list[dict] | None, forced: str = "") -> dict:
+def assistant_message(
+    state: RouterState, gen: Generation, parse_tools: list[JSONObject] | None, forced: str = ""
+) -> JSONObject:
     """The reply to the agent: the forced start (see `forced_start`) and the sampled tokens, parsed
     by the model family's renderer. The parse outcome is kept on `gen`, which the turn records."""
     renderer = state.renderer
@@ -250,30 +255,35 @@ def assistant_message(state: RouterState, gen: Generation, parse_tools: list[dic
 
 
 async def run_turn(
-    state: RouterState, session: Session | None, plan: TurnPlan, params: dict, extra: dict | None = None
+    state: RouterState, session: Session | None, plan: TurnPlan, params: JSONObject, extra: JSONObject | None = None
 ) -> list[Generation]:
     gens = await state.runner.generate(session, plan.input_ids, params, extra or {})
-    if any(g.finish_type == "abort" for g in gens):
-        raise APIError(503, "the engine aborted the generation", type="server_error", code="generation_aborted")
+    check_not_aborted(gens)
     return gens
 
 
+def check_not_aborted(gens: list[Generation]) -> None:
+    """The one check of an engine abort, streamed or not, so both answer the same error."""
+    if any(g.finish_type == "abort" for g in gens):
+        raise GenerationAborted("the engine aborted the generation")
+
+
 async def generate_replies(
-    state: RouterState, session: Session | None, turn: PlannedTurn, extra: dict | None = None
-) -> tuple[list[Generation], list[dict]]:
+    state: RouterState, session: Session | None, turn: PlannedTurn, extra: JSONObject | None = None
+) -> tuple[list[Generation], list[JSONObject]]:
     """A non-streamed turn: the generations and the assistant message each one answers."""
     gens = await run_turn(state, session, turn.plan, turn.params, extra)
     return gens, [assistant_message(state, g, turn.parse_tools, turn.forced) for g in gens]
 
 
 async def engine_chunks(
-    state: RouterState, session: Session | None, plan: TurnPlan, params: dict, extra: dict
-) -> AsyncIterator[tuple[dict, str]]:
+    state: RouterState, session: Session | None, plan: TurnPlan, params: JSONObject, extra: JSONObject
+) -> AsyncIterator[tuple[JSONObject, str]]:
     """The engine stream, started here so that failures before any output are HTTP errors."""
     chunks = state.runner.stream(session, plan.input_ids, params, extra)
     first = await anext(chunks)
 
-    async def rest() -> AsyncIterator[tuple[dict, str]]:
+    async def rest() -> AsyncIterator[tuple[JSONObject, str]]:
         yield first
         async for chunk in chunks:
             yield chunk
@@ -328,20 +338,14 @@ async def _recorded(
     try:
         async for event in with_keepalive(events, shape.keepalive, state.config.stream_keepalive):
             yield event
-    except EngineFailedMidStream as e:
-        yield shape.error(APIError(502, str(e), type="server_error", code="engine_failed"))
-        return
-    if any(g.finish_type == "abort" for g in result.generations):
-        yield shape.error(APIError(503, "the engine aborted the generation", type="server_error"))
-        return
-    if session is not None:  # before the finish reasons, so the agent's next turn sees this one
-        try:
+        check_not_aborted(result.generations)
+        if session is not None:  # before the finish reasons, so the agent's next turn sees this one
             await state.runner.record(session, plan, result.generations, result.answers, started)
-        except Exception as e:  # a refusal, or the store unreachable, is told in the stream
-            if (error := known_error(e)) is None:
-                raise
-            yield shape.error(error)
-            return
+    except Exception as e:  # the engine's failure, a refusal, or the store unreachable: told in the stream
+        if (error := known_error(e)) is None:
+            raise
+        yield shape.error(error)
+        return
     for then in result.on_recorded:
         then()
     for event in result.closing:
@@ -379,7 +383,7 @@ async def record(
     turn: InFlight,
     plan: TurnPlan,
     gens: list[Generation],
-    answers: list,
+    answers: Sequence[Answer],
     started: float,
 ) -> None:
     """Record a non-streamed turn, unless its client went away: an answer nobody received must not

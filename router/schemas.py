@@ -96,24 +96,12 @@ class Tool(BaseModel):
     function: FunctionDef
 
 
-def function_tools(tools: list[tuple[str, str | None, dict | None]]) -> list[dict] | None:
-    """Another API's function tools, each (name, description, JSON schema), as chat `tools`,
-    validated as chat's are (errors name `tools.<i>`)."""
-    out = []
-    for i, (name, description, parameters) in enumerate(tools):
-        function = {"name": name, "description": description, "parameters": parameters}
-        tool = {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
-        try:
-            Tool.model_validate(tool)
-        except ValidationError as e:
-            raise from_validation_error(e, f"tools.{i}") from None
-        out.append(tool)
-    return out or None
-
-
 class NamedToolChoice(BaseModel):
     type: Literal["function"]
     function: dict[str, str]
+
+
+ToolChoice = str | NamedToolChoice | None  # "auto" | "none" | "required" | one named function
 
 
 def _top_k(k: int) -> int:

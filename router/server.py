@@ -14,6 +14,7 @@ import aiohttp
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slimeish.common.config import add_dataclass_args, from_namespace
 from slimeish.router.admin import admin
@@ -116,15 +117,16 @@ def _tune_gc() -> None:
 class MetricsMiddleware:
     """Counts requests by endpoint and status and times them (plain ASGI: no per-request task)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         started, status = time.perf_counter(), [500]
 
-        async def send_status(message) -> None:
+        async def send_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)

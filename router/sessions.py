@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 from slimeish.buffer import Turn
 from slimeish.common.sample import Status
 from slimeish.router.capture import SAMPLED, Capture
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import Renderer
 from slimeish.router.schemas import TopK
 
@@ -61,7 +62,7 @@ class FinishSession(BaseModel):
 
 @dataclass
 class StoredResponse:
-    conversation: list[dict]  # chat messages, the response's reply last
+    conversation: list[JSONObject]  # chat messages, the response's reply last
     body: bytes  # the response object as answered, as JSON: kept per turn, so out of the GC's walk
 
 

@@ -34,4 +34,5 @@ class RouterState:
 
 
 def get_state(request: Request) -> RouterState:
-    return request.app.state.router
+    state: RouterState = request.app.state.router
+    return state

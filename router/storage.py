@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from slimeish.buffer import Buffer, SessionInfo, Turn, build_samples
 from slimeish.common.sample import Sample, Status
+from slimeish.router.jsontypes import JSONObject
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class BufferStore:
     async def append_turn(self, turn: Turn) -> None:
         await asyncio.wait_for(self.buffer.append_turn(turn), self.timeout)
 
-    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
+    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: JSONObject) -> None:
         await asyncio.wait_for(self.buffer.finish_session(session_id, reward, status, metadata), self.timeout)
 
     async def abort_session(self, session_id: str) -> bool:
@@ -104,7 +105,7 @@ class MemoryStore:
             return
         turns.append(turn)
 
-    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: dict) -> None:
+    async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: JSONObject) -> None:
         self.finished[session_id] = (reward, status, metadata)
         while len(self.finished) > self.keep_finished:
             old, _ = self.finished.popitem(last=False)

@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 
 from slimeish.common.finish import openai_finish_reason
+from slimeish.router.jsontypes import JSONObject, TokenLogprob
+from slimeish.router.openai_bodies import usage
 from slimeish.router.renderers.base import CallMarker
-from slimeish.router.responses import usage
 from slimeish.router.tool_parser import TOOL_CALL_OPEN
 from slimeish.router.turns import Generation, parse_generation
 
@@ -40,7 +41,7 @@ def _held_suffix(text: str, markers: list[str]) -> int:
 class ContentStream:
     """The part of a choice's growing text that is safe to send now."""
 
-    parse_tools: list[dict] | bool | None  # a reply's tool calls are parsed (not content) when set
+    parse_tools: list[JSONObject] | bool | None  # a reply's tool calls are parsed (not content) when set
     stops: list[str]
     call: CallMarker = HERMES_CALL
     sent: str = ""
@@ -115,7 +116,7 @@ class ChoiceAccumulator:
     last: dict[str, Any] = field(default_factory=dict)
     engine: str = ""
 
-    def add(self, chunk: dict, engine: str) -> list[list]:
+    def add(self, chunk: JSONObject, engine: str) -> list[TokenLogprob]:
         """Take `chunk` as the response so far; returns the log-prob entries not seen before."""
         entries = chunk.get("meta_info", {}).get("output_token_logprobs") or []
         new, self.seen = entries[self.seen :], max(self.seen, len(entries))
@@ -126,7 +127,7 @@ class ChoiceAccumulator:
         return parse_generation(self.last, self.engine)
 
 
-def sse(obj: dict) -> bytes:
+def sse(obj: JSONObject) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -138,7 +139,7 @@ class StreamedTurn:
     answers: list[Any] = field(default_factory=list)
     closing: list[bytes] = field(default_factory=list)  # last deltas and finish reasons, sent after recording
     on_recorded: list[Callable[[], None]] = field(default_factory=list)  # what a dialect keeps of a recorded turn
-    body: dict = field(default_factory=dict)  # the finished response object, for dialects that store it
+    body: JSONObject = field(default_factory=dict)  # the finished response object, for dialects that store it
 
 
 @dataclass
@@ -147,14 +148,14 @@ class Delta:
 
     index: int
     text: str
-    entries: list[list]
+    entries: list[TokenLogprob]
     reasoning: str | None = None  # the reply's whole reasoning, in the chunk where it closed
 
 
 @dataclass
 class FinishedChoice:
     generation: Generation
-    message: dict  # the assistant message recorded, exactly what the client assembled
+    message: JSONObject  # the assistant message recorded, exactly what the client assembled
     last: str  # text still to send before the choice's closing events
 
 
@@ -167,7 +168,7 @@ class ReplyStream:
     def __init__(
         self,
         n: int,
-        parse_tools: list[dict] | bool | None,
+        parse_tools: list[JSONObject] | bool | None,
         stops: list[str],
         forced: str = "",
         reasoning: tuple[str, str] | None = None,
@@ -178,7 +179,7 @@ class ReplyStream:
         self.splits = [ReasoningSplit(*reasoning) if reasoning else None for _ in range(n)]
         self.forced = forced
 
-    async def deltas(self, chunks: AsyncIterator[tuple[dict, str]]) -> AsyncIterator[Delta]:
+    async def deltas(self, chunks: AsyncIterator[tuple[JSONObject, str]]) -> AsyncIterator[Delta]:
         async for chunk, engine in chunks:
             i = chunk.get("index", 0)
             new = self.accs[i].add(chunk, engine)
@@ -187,7 +188,7 @@ class ReplyStream:
                 reasoning, content = split.feed(content)
             yield Delta(i, self.texts[i].delta(content) if content is not None else "", new, reasoning)
 
-    def finish(self, to_message: Callable[[Generation], dict]) -> list[FinishedChoice]:
+    def finish(self, to_message: Callable[[Generation], JSONObject]) -> list[FinishedChoice]:
         done = []
         for acc, text in zip(self.accs, self.texts, strict=True):
             gen = acc.generation()
@@ -199,7 +200,7 @@ class ReplyStream:
 
 
 async def completion_events(
-    chunks: AsyncIterator[tuple[dict, str]], head: dict, n: int, stops: list[str], result: StreamedTurn
+    chunks: AsyncIterator[tuple[JSONObject, str]], head: JSONObject, n: int, stops: list[str], result: StreamedTurn
 ) -> AsyncIterator[bytes]:
     """OpenAI `text_completion` stream events, as `chat_events`."""
     accs = [ChoiceAccumulator() for _ in range(n)]
@@ -220,7 +221,7 @@ async def completion_events(
 
 
 async def openai_closed(
-    events: AsyncIterator[bytes], result: StreamedTurn, usage_head: dict | None, prompt_tokens: int
+    events: AsyncIterator[bytes], result: StreamedTurn, usage_head: JSONObject | None, prompt_tokens: int
 ) -> AsyncIterator[bytes]:
     """OpenAI's streams end with the usage chunk (when asked for) and `[DONE]`, after recording."""
     async for event in events:

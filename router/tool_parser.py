@@ -10,13 +10,15 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
+from slimeish.router.jsontypes import JSONObject
+
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass
 class ParsedOutput:
     content: str | None
-    tool_calls: list[dict] = field(default_factory=list)
+    tool_calls: list[JSONObject] = field(default_factory=list)
     parse_error: str | None = None  # set when the text held tool-call markup that did not parse
 
 
@@ -24,7 +26,7 @@ def _call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def parse_call(body: str) -> dict:
+def parse_call(body: str) -> JSONObject:
     """One call's JSON body as a chat-format tool call (ValueError when it is not one)."""
     call = json.loads(body)
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):

@@ -19,11 +19,17 @@ from slimeish.common.finish import finish_type
 from slimeish.router.capture import TurnPlan
 from slimeish.router.engine_pool import EnginePool
 from slimeish.router.history import PARALLEL_CHOICE
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.metrics import RouterMetrics
 from slimeish.router.sessions import Session
 from slimeish.router.storage import STORE_ERRORS, StoreUnavailable, TurnStore
 
 log = logging.getLogger(__name__)
+
+
+# What a choice returned to the agent: the assistant message (chat dialects), the completion
+# text (completions), or None (token-in: the engine's reply itself).
+Answer = JSONObject | str | None
 
 
 @dataclass
@@ -36,7 +42,9 @@ class Generation:
     finish_type: str  # SGLang's finish_reason.type: "stop" | "length" | "abort"
     weight_versions: list[int]
     engine: str
-    raw: dict[str, Any]
+    raw: dict[str, Any]  # the engine's reply as it came, which token-in /generate answers verbatim
+    matched_stop: str | None = None  # the stop string that ended it, if one did
+    top_logprobs: list[list[list[Any]] | None] | None = None  # SGLang's output_top_logprobs, when asked
     # set when the reply is parsed for the agent (`pipeline.assistant_message`), recorded with the turn
     parse_failure: str | None = None  # "malformed" | "truncated": its tool-call markup did not parse
     tool_calls: int = 0  # calls parsed from it
@@ -46,6 +54,12 @@ def _weight_versions(meta: dict[str, Any]) -> list[int]:
     spans = meta.get("weight_versions") or []
     versions = [int(s["version"]) for s in spans] if spans else [int(meta.get("weight_version") or 0)]
     return sorted(set(versions))
+
+
+def _matched_stop(meta: dict[str, Any]) -> str | None:
+    """SGLang's `finish_reason.matched`: a stop string, or a stop token's id (not a stop sequence)."""
+    matched = (meta.get("finish_reason") or {}).get("matched")
+    return matched if isinstance(matched, str) else None
 
 
 def parse_generation(item: dict[str, Any], engine: str) -> Generation:
@@ -62,6 +76,8 @@ def parse_generation(item: dict[str, Any], engine: str) -> Generation:
         weight_versions=_weight_versions(meta),
         engine=engine,
         raw=item,
+        matched_stop=_matched_stop(meta),
+        top_logprobs=meta.get("output_top_logprobs"),
     )
 
 
@@ -70,7 +86,7 @@ class TurnRunner:
         self.pool, self.store, self.metrics = pool, store, metrics
 
     async def generate(
-        self, session: Session | None, input_ids: list[int], sampling: dict, extra: dict
+        self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
     ) -> list[Generation]:
         """Generate `sampling["n"]` continuations on one engine (the session's, if healthy)."""
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
@@ -84,8 +100,8 @@ class TurnRunner:
         return [parse_generation(item, engine.url) for item in items]
 
     async def stream(
-        self, session: Session | None, input_ids: list[int], sampling: dict, extra: dict
-    ) -> AsyncIterator[tuple[dict, str]]:
+        self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
+    ) -> AsyncIterator[tuple[JSONObject, str]]:
         """Like `generate`, streamed: (SGLang chunk, engine URL) pairs."""
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
         sticky = session.engine if session else None
@@ -107,7 +123,7 @@ class TurnRunner:
         session: Session,
         plan: TurnPlan,
         gens: list[Generation],
-        answers: Sequence[dict | str | None],
+        answers: Sequence[Answer],
         started: float,
     ) -> None:
         """Commit each choice's turn to the capture and write it to the store, in order.
@@ -145,7 +161,7 @@ class TurnRunner:
                 raise StoreUnavailable("the turn", TimeoutError("the store did not confirm the write"))
 
     def _commit(
-        self, session: Session, plan: TurnPlan, i: int, gen: Generation, answer: dict | str | None, started: float
+        self, session: Session, plan: TurnPlan, i: int, gen: Generation, answer: JSONObject | str | None, started: float
     ) -> Turn:
         """Commit choice `i` to the capture: the turn to store."""
         choice_plan = plan if i == 0 else session.capture.fork(plan, PARALLEL_CHOICE)

@@ -3,88 +3,91 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import Response
-
 from slimeish.common.finish import openai_finish_reason
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
+from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.errors import APIError
-from slimeish.router.pipeline import (
-    Conversation,
-    InFlight,
-    PlannedTurn,
-    StreamShape,
-    assistant_message,
-    engine_chunks,
-    generate_replies,
-    parse,
-    plan_turn,
-    record,
-    serve_turn,
-    stream_response,
-)
+from slimeish.router.jsontypes import JSONObject, TokenLogprob
+from slimeish.router.pipeline import Conversation, PlannedTurn, assistant_message, parse
 from slimeish.router.schemas import ChatRequest, validate_messages
+from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn, openai_closed, sse
 from slimeish.router.turns import Generation
 
 
-def _error_event(e: APIError) -> bytes:
-    return sse(e.body())
+@dataclass
+class ChatTurn:
+    """A chat request: the chat format is the conversation itself."""
+
+    req: ChatRequest
+    conversation: Conversation
+    head: JSONObject  # what every stream chunk repeats: id, object, created, model
+
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
+
+    @property
+    def engine_extra(self) -> JSONObject:
+        req = self.req
+        return {"top_logprobs_num": req.top_logprobs} if req.logprobs and req.top_logprobs else {}
+
+    def answer(
+        self, state: RouterState, planned: PlannedTurn, gens: list[Generation], replies: list[JSONObject]
+    ) -> JSONObject:
+        logprobs = [R.chat_logprobs(state.renderer, g) for g in gens] if self.req.logprobs else None
+        model = self.req.model or state.model_name
+        return R.chat_completion(model, replies, gens, len(planned.plan.input_ids), logprobs)
+
+    def events(
+        self, state: RouterState, planned: PlannedTurn, chunks: EngineChunks, result: StreamedTurn
+    ) -> AsyncIterator[bytes]:
+        req, renderer = self.req, state.renderer
+        lp = (lambda entries: R.stream_logprobs(renderer, entries)) if req.logprobs else None
+        stops, markers = planned.params.get("stop", []), renderer.reasoning_markers
+        replies = ReplyStream(req.n, planned.parse_tools, stops, planned.forced, markers, renderer.call_marker)
+
+        def to_message(gen: Generation) -> JSONObject:
+            return assistant_message(state, gen, planned.parse_tools, planned.forced)
+
+        events = chat_events(chunks, self.head, replies, to_message, lp, result)
+        usage = self.head if req.stream_options and req.stream_options.include_usage else None
+        return openai_closed(events, result, usage, len(planned.plan.input_ids))
+
+    def keepalive(self) -> bytes:
+        return sse({**self.head, "choices": [{"index": 0, "delta": {}}]})  # an empty delta: decoded, changes nothing
+
+    def error_event(self, error: APIError) -> bytes:
+        return sse(error.body())
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """Nothing: a chat client sends its whole history each turn."""
 
 
-async def chat_completions(request: Request, api_key: str | None = None) -> Response:
-    return await serve_turn(request, api_key, _chat)
+class Chat:
+    def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> ChatTurn:
+        req = parse(ChatRequest, body)
+        # The raw messages: validated lazily by capture, only those a turn adds (`validate_messages`).
+        conv = Conversation(
+            body["messages"], body.get("tools") or None, req, req.new_tokens(), req.tool_choice, validate_messages
+        )
+        head = R.stream_head(req.model or state.model_name, "chatcmpl", "chat.completion.chunk")
+        return ChatTurn(req, conv, head)
 
 
-def conversation(req: ChatRequest, body: dict) -> Conversation:
-    # The raw messages: validated lazily by capture, only those a turn adds (`validate_messages`).
-    return Conversation(
-        body["messages"], body.get("tools") or None, req, req.new_tokens(), req.tool_choice, validate_messages
-    )
-
-
-async def _chat(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
-    session = turn.session
-    req: ChatRequest = parse(ChatRequest, body)
-    planned = await plan_turn(state, session, conversation(req, body))
-    extra = {"top_logprobs_num": req.top_logprobs} if req.logprobs and req.top_logprobs else {}
-    if req.stream:
-        return await stream_chat(state, turn, planned, req, extra, started)
-    gens, messages = await generate_replies(state, session, planned, extra)
-    logprobs = [R.chat_logprobs(state.renderer, g) for g in gens] if req.logprobs else None
-    out = R.chat_completion(req.model or state.model_name, messages, gens, len(planned.plan.input_ids), logprobs)
-    await record(state, turn, planned.plan, gens, messages, started)
-    return R.json_response(out)
-
-
-async def stream_chat(
-    state: RouterState, turn: InFlight, planned: PlannedTurn, req: ChatRequest, extra: dict, started: float
-) -> Response:
-    chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, extra)
-    head = R.stream_head(req.model or state.model_name, "chatcmpl", "chat.completion.chunk")
-    result = StreamedTurn()
-    lp = (lambda entries: R.stream_logprobs(state.renderer, entries)) if req.logprobs else None
-    stops, markers = planned.params.get("stop", []), state.renderer.reasoning_markers
-    replies = ReplyStream(req.n, planned.parse_tools, stops, planned.forced, markers, state.renderer.call_marker)
-    events = chat_events(
-        chunks, head, replies, lambda g: assistant_message(state, g, planned.parse_tools, planned.forced), lp, result
-    )
-    usage = head if req.stream_options and req.stream_options.include_usage else None
-    events = openai_closed(events, result, usage, len(planned.plan.input_ids))
-    keepalive = sse({**head, "choices": [{"index": 0, "delta": {}}]})  # an empty delta: decoded, changes nothing
-    shape = StreamShape(_error_event, lambda: keepalive)
-    return stream_response(state, turn, planned.plan, events, result, started, shape)
+chat_completions = endpoint(Chat())
 
 
 async def chat_events(
-    chunks: AsyncIterator[tuple[dict, str]],
-    head: dict,
+    chunks: AsyncIterator[tuple[JSONObject, str]],
+    head: JSONObject,
     replies: ReplyStream,
-    to_message: Callable[[Generation], dict],
-    token_logprobs: Callable[[list[list]], dict] | None,
+    to_message: Callable[[Generation], JSONObject],
+    token_logprobs: Callable[[list[TokenLogprob]], JSONObject] | None,
     result: StreamedTurn,
 ) -> AsyncIterator[bytes]:
     """OpenAI `chat.completion.chunk` events while the engine streams; at the end, fills `result`

@@ -16,17 +16,18 @@ from typing import Any
 
 import orjson
 
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.sessions import Session
 
 # (raw items, index of the first to convert, call ids open before it) -> (messages, call ids open after)
-Converter = Callable[[list[Any], int, frozenset[str]], tuple[list[dict], frozenset[str]]]
+Converter = Callable[[list[Any], int, frozenset[str]], tuple[list[JSONObject], frozenset[str]]]
 
 
 @dataclass(frozen=True)
 class Converted:
     count: int  # how many items the client sent
     raw: bytes  # them, as JSON (`orjson.dumps`)
-    messages: list[dict]  # their chat messages
+    messages: list[JSONObject]  # their chat messages
     calls: frozenset[str]  # tool call ids the next item may answer
 
     def extended_by(self, raw: list[Any], dumped: bytes) -> bool:
@@ -43,7 +44,7 @@ def convert(
     raw: list[Any],
     converter: Converter,
     resumable: Callable[[list[Any], int], bool] = lambda raw, start: True,
-) -> list[dict]:
+) -> list[JSONObject]:
     """`raw` as chat messages, reusing the session's previous conversion when `raw` extends it
     (and the dialect says the item at the cut starts a message of its own: `resumable`)."""
     cache = session.converted.get(dialect) if session else None

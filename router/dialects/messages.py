@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, Literal
 
@@ -23,25 +24,22 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slimeish.router import history as H
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
+from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
+from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
     Conversation,
     InFlight,
     PlannedTurn,
-    StreamShape,
     assistant_message,
-    engine_chunks,
-    generate_replies,
     parse,
-    plan_turn,
-    record,
     serve_turn,
-    stream_response,
 )
-from slimeish.router.render import TemplateError
-from slimeish.router.schemas import NamedToolChoice, SamplingFields, TopK, function_tools
+from slimeish.router.renderers.base import TemplateError
+from slimeish.router.schemas import SamplingFields, ToolChoice, TopK
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
@@ -85,9 +83,8 @@ class RedactedThinkingBlock(_Block):
 # A tool_result with `is_error`: chat formats have no field for it, so the model reads it in the text.
 ERROR_PREFIX = "Error: "
 
-Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
-]
+AnyBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+Block = Annotated[AnyBlock, Field(discriminator="type")]
 
 
 class MessageParam(BaseModel):
@@ -127,17 +124,13 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
 
 
-async def messages(request: Request, api_key: str | None = None) -> Response:
-    return await serve_turn(request, api_key, _messages)
-
-
 async def count_tokens(request: Request, api_key: str | None = None) -> Response:
     return await serve_turn(request, api_key, _count_tokens)
 
 
-async def _count_tokens(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
-    req: CountTokensRequest = parse(CountTokensRequest, _checked_tools(body))
-    msgs, tools = chat_messages(req, lambda ref, text: True), chat_tools(req)  # signatures change no count
+async def _count_tokens(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
+    req: CountTokensRequest = parse(CountTokensRequest, _served(body))
+    msgs, tools = chat_messages(req, lambda ref, text: True), _chat_tools(req)  # signatures change no count
     try:
         ids = state.renderer.full_ids(msgs, tools)
     except TemplateError as e:
@@ -145,13 +138,8 @@ async def _count_tokens(state: RouterState, turn: InFlight, body: dict, started:
     return R.json_response({"input_tokens": len(ids)})
 
 
-def _checked_tools(body: dict) -> dict:
-    """Refuse Anthropic's server tools by name: they run on Anthropic's side, not the agent's."""
-    for i, tool in enumerate(body.get("tools") or []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind not in (None, "custom"):
-            raise APIError(400, f"tools.{i}: server tool type {kind!r} is not served; define a custom tool")
-    return body
+def _served(body: JSONObject) -> JSONObject:
+    return refuse_hosted_tools(body, (None, "custom"), "a custom tool")
 
 
 def conversation(state: RouterState, req: MessagesRequest, session: Session | None) -> Conversation:
@@ -166,19 +154,19 @@ def conversation(state: RouterState, req: MessagesRequest, session: Session | No
     session_id = session.session_id if session else ""
     converter = partial(_converted, lambda ref, text: state.signer.verify(session_id, ref, text))
     messages = [*_system(req), *convert(session, "messages", req.messages, converter)]
-    return Conversation(messages, chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
+    return Conversation(messages, _chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
 
 
 Verifier = Callable[[str, str], bool]  # (signature, thinking): the router's own reasoning?
 
 
-def chat_messages(req: CountTokensRequest, verified: Verifier) -> list[dict]:
+def chat_messages(req: CountTokensRequest, verified: Verifier) -> list[JSONObject]:
     """The whole request as chat messages."""
     return [*_system(req), *_converted(verified, req.messages, 0, frozenset())[0]]
 
 
-def _system(req: CountTokensRequest) -> list[dict]:
-    return [{"role": "system", "content": _text(req.system)}] if req.system else []
+def _system(req: CountTokensRequest) -> list[JSONObject]:
+    return [{"role": "system", "content": joined_text(req.system)}] if req.system else []
 
 
 _MESSAGE: TypeAdapter[MessageParam] = TypeAdapter(MessageParam)
@@ -186,16 +174,16 @@ _MESSAGE: TypeAdapter[MessageParam] = TypeAdapter(MessageParam)
 
 def _converted(
     verified: Verifier, raw: list[Any], start: int, calls: frozenset[str]
-) -> tuple[list[dict], frozenset[str]]:
+) -> tuple[list[JSONObject], frozenset[str]]:
     """Messages `start`.. validated and converted; `calls` are the tool_use ids of the assistant
     message before them, which a tool_result may answer."""
-    out: list[dict] = []
+    out: list[JSONObject] = []
     for i in range(start, len(raw)):
         try:
             m = _MESSAGE.validate_python(raw[i])
         except ValidationError as e:
             raise from_validation_error(e, f"messages.{i}") from None
-        blocks: list = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        blocks: list[AnyBlock] = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         if m.role == "assistant":
             out.append(_assistant(blocks, i, verified))
             calls = frozenset(b.id for b in blocks if isinstance(b, ToolUseBlock))
@@ -205,7 +193,7 @@ def _converted(
     return out, calls
 
 
-def _assistant(blocks: list, i: int, verified: Verifier) -> dict:
+def _assistant(blocks: list[AnyBlock], i: int, verified: Verifier) -> JSONObject:
     text, reasoning, foreign, tool_calls = "", "", False, []
     for j, b in enumerate(blocks):
         if isinstance(b, ThinkingBlock):
@@ -230,7 +218,7 @@ def _assistant(blocks: list, i: int, verified: Verifier) -> dict:
     return message
 
 
-def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
+def _user(blocks: list[AnyBlock], i: int, calls: frozenset[str]) -> list[JSONObject]:
     results, text = [], ""
     for j, b in enumerate(blocks):
         if isinstance(b, ToolResultBlock):
@@ -240,7 +228,7 @@ def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
                     f"messages.{i}.content.{j}: tool_result for tool_use_id {b.tool_use_id!r} has no tool_use "
                     "block with that id in the previous assistant message",
                 )
-            content = ERROR_PREFIX + _text(b.content) if b.is_error else _text(b.content)
+            content = ERROR_PREFIX + joined_text(b.content) if b.is_error else joined_text(b.content)
             results.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": content})
         elif isinstance(b, TextBlock):
             text += b.text
@@ -249,45 +237,24 @@ def _user(blocks: list, i: int, calls: frozenset[str]) -> list[dict]:
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
-def _text(content: str | list[TextBlock]) -> str:
-    return content if isinstance(content, str) else "".join(b.text for b in content)
+def _chat_tools(req: CountTokensRequest) -> list[JSONObject] | None:
+    return chat_tools((t.name, t.description, t.input_schema) for t in req.tools or [])
 
 
-def chat_tools(req: CountTokensRequest) -> list[dict] | None:
-    return function_tools([(t.name, t.description, t.input_schema) for t in req.tools or []])
-
-
-def _tool_choice(req: CountTokensRequest) -> str | NamedToolChoice | None:
-    choice = req.tool_choice
-    if choice is None or choice.type == "auto":
-        return "auto" if req.tools else None
-    if not req.tools and choice.type in ("any", "tool"):
-        raise APIError(400, f"tool_choice {choice.type!r} needs at least one tool")
+def _tool_choice(req: CountTokensRequest) -> ToolChoice:
+    """Anthropic's `any` is "required"; `tool` names one."""
+    choice, names = req.tool_choice, [t.name for t in req.tools or []]
+    if choice is None:
+        return None
     if choice.type == "tool":
-        if choice.name not in {t.name for t in req.tools or []}:
-            raise APIError(400, f"tool_choice names tool {choice.name!r}, which is not in tools")
-        return NamedToolChoice(type="function", function={"name": choice.name})
-    return "required" if choice.type == "any" else "none"
-
-
-async def _messages(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
-    req: MessagesRequest = parse(MessagesRequest, _checked_tools(body))
-    planned = await plan_turn(state, turn.session, conversation(state, req, turn.session))
-    head = _head(req.model or state.model_name, len(planned.plan.input_ids))
-    session_id = turn.session.session_id if turn.session else ""
-    sign: Signer = lambda text: state.signer.sign(session_id, head["id"], text)  # noqa: E731
-    if req.stream:
-        return await _stream(state, turn, planned, head, sign, started)
-    gens, replies = await generate_replies(state, turn.session, planned)
-    out = message_body(head, gens[0], replies[0], planned.params.get("stop", []), sign)
-    await record(state, turn, planned.plan, gens, replies, started)
-    return R.json_response(out)
+        return tool_choice(None, choice.name or "", names)
+    return tool_choice("required" if choice.type == "any" else choice.type, None, names, said=choice.type)
 
 
 Signer = Callable[[str], str]  # a thinking block's signature: the router's reference to it
 
 
-def content_blocks(reply: dict, sign: Signer) -> list[dict]:
+def content_blocks(reply: JSONObject, sign: Signer) -> list[JSONObject]:
     reasoning = reply.get("reasoning_content")
     blocks = [_thinking_block(reasoning, sign)] if reasoning else []
     blocks += [{"type": "text", "text": reply["content"]}] if reply.get("content") else []
@@ -297,21 +264,21 @@ def content_blocks(reply: dict, sign: Signer) -> list[dict]:
     return blocks
 
 
-def stop_reason(gen: Generation, reply: dict, stops: list[str]) -> tuple[str, str | None]:
+def stop_reason(gen: Generation, reply: JSONObject, stops: list[str]) -> tuple[str, str | None]:
     """Anthropic's (`stop_reason`, `stop_sequence`) of a finished reply."""
     if reply.get("tool_calls"):
         return "tool_use", None
     if gen.finish_type == "length":
         return "max_tokens", None
-    matched = (gen.raw.get("meta_info", {}).get("finish_reason") or {}).get("matched")
-    return ("stop_sequence", matched) if isinstance(matched, str) and matched in stops else ("end_turn", None)
+    matched = gen.matched_stop
+    return ("stop_sequence", matched) if matched is not None and matched in stops else ("end_turn", None)
 
 
-def _thinking_block(text: str, sign: Signer) -> dict:
+def _thinking_block(text: str, sign: Signer) -> JSONObject:
     return {"type": "thinking", "thinking": text, "signature": sign(text)}
 
 
-def message_body(head: dict, gen: Generation, reply: dict, stops: list[str], sign: Signer) -> dict:
+def message_body(head: JSONObject, gen: Generation, reply: JSONObject, stops: list[str], sign: Signer) -> JSONObject:
     reason, sequence = stop_reason(gen, reply, stops)
     return {
         **head,
@@ -322,9 +289,9 @@ def message_body(head: dict, gen: Generation, reply: dict, stops: list[str], sig
     }
 
 
-def _head(model: str, prompt_tokens: int) -> dict:
+def _head(message_id: str, model: str, prompt_tokens: int) -> JSONObject:
     return {
-        "id": "msg_" + R.new_id("slimeish").split("-", 1)[1],
+        "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -335,32 +302,68 @@ def _head(model: str, prompt_tokens: int) -> dict:
     }
 
 
-def event(kind: str, data: dict) -> bytes:
+def event(kind: str, data: JSONObject) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
-def _error_event(e: APIError) -> bytes:
-    return b"event: error\ndata: " + orjson.dumps(e.anthropic_body()) + b"\n\n"
-
-
 _PING = event("ping", {})
-_SHAPE = StreamShape(_error_event, lambda: _PING)
 
 
-async def _stream(
-    state: RouterState, turn: InFlight, planned: PlannedTurn, head: dict, sign: Signer, started: float
-) -> Response:
-    chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, {})
-    result = StreamedTurn()
-    events = message_events(state, chunks, planned, head, sign, result)
-    return stream_response(state, turn, planned.plan, events, result, started, _SHAPE)
+@dataclass
+class MessagesTurn:
+    req: MessagesRequest
+    conversation: Conversation
+    message_id: str
+    sign: Signer  # the thinking block's signature, a reference to this message
+
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
+
+    @property
+    def engine_extra(self) -> JSONObject:
+        return {}
+
+    def answer(
+        self, state: RouterState, planned: PlannedTurn, gens: list[Generation], replies: list[JSONObject]
+    ) -> JSONObject:
+        return message_body(self._head(state, planned), gens[0], replies[0], planned.params.get("stop", []), self.sign)
+
+    def events(
+        self, state: RouterState, planned: PlannedTurn, chunks: EngineChunks, result: StreamedTurn
+    ) -> AsyncIterator[bytes]:
+        return message_events(state, chunks, planned, self._head(state, planned), self.sign, result)
+
+    def keepalive(self) -> bytes:
+        return _PING
+
+    def _head(self, state: RouterState, planned: PlannedTurn) -> JSONObject:
+        return _head(self.message_id, self.req.model or state.model_name, len(planned.plan.input_ids))
+
+    def error_event(self, error: APIError) -> bytes:
+        return b"event: error\ndata: " + orjson.dumps(error.anthropic_body()) + b"\n\n"
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """Nothing: a Messages client sends its whole history each turn."""
+
+
+class Messages:
+    def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> MessagesTurn:
+        req = parse(MessagesRequest, _served(body))
+        message_id = R.new_id("msg_")
+        session_id = session.session_id if session else ""
+        sign: Signer = lambda text: state.signer.sign(session_id, message_id, text)  # noqa: E731
+        return MessagesTurn(req, conversation(state, req, session), message_id, sign)
+
+
+messages = endpoint(Messages())
 
 
 async def message_events(
     state: RouterState,
-    chunks: AsyncIterator[tuple[dict, str]],
+    chunks: AsyncIterator[tuple[JSONObject, str]],
     planned: PlannedTurn,
-    head: dict,
+    head: JSONObject,
     sign: Signer,
     result: StreamedTurn,
 ) -> AsyncIterator[bytes]:
@@ -404,7 +407,7 @@ async def message_events(
     result.answers.append(done.message)
 
 
-def _thinking_events(index: int, block: dict) -> list[bytes]:
+def _thinking_events(index: int, block: JSONObject) -> list[bytes]:
     """A thinking block whole: its text is known only once it closed; the signature comes last, as
     Anthropic sends it."""
     return [
@@ -431,7 +434,7 @@ def _text_delta(index: int, text: str) -> bytes:
     return event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": text}})
 
 
-def _tool_use_events(index: int, block: dict) -> list[bytes]:
+def _tool_use_events(index: int, block: JSONObject) -> list[bytes]:
     start = {**block, "input": {}}
     partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
     return [

@@ -16,37 +16,32 @@ events are built in `responses_output`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from slimeish.router import history as H
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
+from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.responses_output import Events, finished, response_events
+from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
     Conversation,
-    InFlight,
     PlannedTurn,
-    StreamShape,
-    engine_chunks,
-    generate_replies,
     parse,
-    plan_turn,
-    record,
-    serve_turn,
-    stream_response,
 )
-from slimeish.router.schemas import NamedToolChoice, SamplingFields, function_tools
+from slimeish.router.schemas import SamplingFields, ToolChoice
 from slimeish.router.sessions import Session, StoredResponse
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import StreamedTurn
+from slimeish.router.turns import Generation
 
 
 class _Item(BaseModel):
@@ -150,35 +145,22 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
 
 
-async def responses(request: Request, api_key: str | None = None) -> Response:
-    return await serve_turn(request, api_key, _responses)
+def _served(body: JSONObject) -> JSONObject:
+    return refuse_hosted_tools(body, ("function",), "a function tool")
 
 
-def _checked_tools(body: dict) -> dict:
-    """Refuse OpenAI's built-in tools by name: they run on OpenAI's side, not the agent's."""
-    for i, tool in enumerate(body.get("tools") or []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise APIError(400, f"tools.{i}: built-in tool type {kind!r} is not served; define a function tool")
-    return body
+def _chat_tools(req: ResponsesRequest) -> list[JSONObject] | None:
+    return chat_tools((t.name, t.description, t.parameters) for t in req.tools or [])
 
 
-def chat_tools(req: ResponsesRequest) -> list[dict] | None:
-    return function_tools([(t.name, t.description, t.parameters) for t in req.tools or []])
-
-
-def _tool_choice(req: ResponsesRequest) -> str | NamedToolChoice | None:
-    choice, names = req.tool_choice, {t.name for t in req.tools or []}
+def _tool_choice(req: ResponsesRequest) -> ToolChoice:
+    choice, names = req.tool_choice, [t.name for t in req.tools or []]
     if isinstance(choice, NamedFunction):
-        if choice.name not in names:
-            raise APIError(400, f"tool_choice names function {choice.name!r}, not in tools", param="tool_choice")
-        return NamedToolChoice(type="function", function={"name": choice.name})
-    if choice == "required" and not names:
-        raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
-    return choice
+        return tool_choice(None, choice.name, names)
+    return tool_choice(choice, None, names)
 
 
-def history(session: Session | None, req: ResponsesRequest) -> list[dict]:
+def history(session: Session | None, req: ResponsesRequest) -> list[JSONObject]:
     """The conversation before this request's items: the stored response it continues, if any."""
     if req.previous_response_id is None:
         return []
@@ -202,7 +184,9 @@ def stored_response(session: Session | None, response_id: str) -> bytes:
     return stored.body
 
 
-def chat_messages(state: RouterState, session: Session | None, raw: str | list, before: list[dict]) -> list[dict]:
+def chat_messages(
+    state: RouterState, session: Session | None, raw: str | list[Any], before: list[JSONObject]
+) -> list[JSONObject]:
     """The input as chat messages after `before` (whose calls a function_call_output may answer)."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
@@ -229,7 +213,7 @@ def _role(item: Any) -> Any:
     return item.get("role") if isinstance(item, dict) else None
 
 
-def _reasoning_message(item: ReasoningItem, verified: Callable[[str, str], bool]) -> dict:
+def _reasoning_message(item: ReasoningItem, verified: Callable[[str, str], bool]) -> JSONObject:
     """The assistant message a reasoning item opens; a reference that is not the router's marks it
     as the agent's own reasoning (an edit)."""
     message: dict[str, Any] = {"role": "assistant", "content": None}
@@ -240,23 +224,23 @@ def _reasoning_message(item: ReasoningItem, verified: Callable[[str, str], bool]
     return message
 
 
-def _opened_by_reasoning(out: list[dict]) -> bool:
+def _opened_by_reasoning(out: list[JSONObject]) -> bool:
     return bool(out) and out[-1]["role"] == "assistant" and out[-1]["content"] is None and "tool_calls" not in out[-1]
 
 
 def _converted(
     verified: Callable[[str, str], bool], raw: list[Any], start: int, open_calls: frozenset[str]
-) -> tuple[list[dict], frozenset[str]]:
-    out: list[dict] = []
+) -> tuple[list[JSONObject], frozenset[str]]:
+    out: list[JSONObject] = []
     calls = set(open_calls)
     for i, item in enumerate(items(raw, start), start):
         if isinstance(item, ReasoningItem):
             out.append(_reasoning_message(item, verified))
         elif isinstance(item, MessageItem) and item.role == "assistant" and _opened_by_reasoning(out):
-            out[-1] = {**out[-1], "content": _text(item.content)}
+            out[-1] = {**out[-1], "content": joined_text(item.content)}
         elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": _text(item.content)})
+            out.append({"role": role, "content": joined_text(item.content)})
         elif isinstance(item, FunctionCallItem):
             call = {
                 "id": item.call_id,
@@ -274,40 +258,21 @@ def _converted(
                     f"input.{i}: no function_call with call_id {item.call_id!r} before this output",
                     param=f"input.{i}",
                 )
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": joined_text(item.output)})
     messages = [{**m, "content": m["content"] or None} if m["role"] == "assistant" else m for m in out]
     return messages, frozenset(calls)
 
 
-def _text(content: str | list[TextPart]) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content)
-
-
-def conversation(state: RouterState, req: ResponsesRequest, session: Session | None) -> tuple[Conversation, list[dict]]:
+def conversation(
+    state: RouterState, req: ResponsesRequest, session: Session | None
+) -> tuple[Conversation, list[JSONObject]]:
     """The conversation, and its messages without `instructions` (what `store` keeps)."""
     before = history(session, req)
     kept = [*before, *chat_messages(state, session, req.input, before)]
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     sampling = SamplingFields(n=1, max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p)
-    conv = Conversation([*system, *kept], chat_tools(req), sampling, req.max_output_tokens, _tool_choice(req))
+    conv = Conversation([*system, *kept], _chat_tools(req), sampling, req.max_output_tokens, _tool_choice(req))
     return conv, kept
-
-
-async def _responses(state: RouterState, turn: InFlight, body: dict, started: float) -> Response:
-    session = turn.session
-    req: ResponsesRequest = parse(ResponsesRequest, _checked_tools(body))
-    conv, kept = conversation(state, req, session)
-    planned = await plan_turn(state, session, conv)
-    shell = response_shell(req, req.model or state.model_name)
-    sign = _signer(state, session, shell["id"])
-    if req.stream:
-        return await _stream(state, turn, planned, shell, kept, req.store, started, sign)
-    gens, replies = await generate_replies(state, session, planned)
-    out = {**shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), sign)}
-    await record(state, turn, planned.plan, gens, replies, started)
-    if session is not None and req.store:
-        session.responses[shell["id"]] = StoredResponse([*kept, replies[0]], orjson.dumps(out))
-    return R.json_response(out)
 
 
 def _signer(state: RouterState, session: Session | None, response_id: str) -> Callable[[str], str]:
@@ -316,11 +281,11 @@ def _signer(state: RouterState, session: Session | None, response_id: str) -> Ca
     return lambda text: state.signer.sign(session_id, response_id, text)
 
 
-def response_shell(req: ResponsesRequest, model: str) -> dict:
+def response_shell(req: ResponsesRequest, model: str) -> JSONObject:
     """The response object before any output (what `response.created` carries)."""
     tool_choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
     return {
-        "id": "resp_" + R.new_id("x")[2:],
+        "id": R.new_id("resp_"),
         "object": "response",
         "created_at": int(time.time()),
         "model": model,
@@ -343,30 +308,53 @@ def response_shell(req: ResponsesRequest, model: str) -> dict:
     }
 
 
-async def _stream(
-    state: RouterState,
-    turn: InFlight,
-    planned: PlannedTurn,
-    shell: dict,
-    kept: list[dict],
-    store: bool,
-    started: float,
-    sign: Callable[[str], str],
-) -> Response:
-    chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, {})
-    result, ev = StreamedTurn(), Events()
-    events = response_events(state, chunks, planned, shell, result, ev, sign)
-    if turn.session is not None and store:
-        session = turn.session
+@dataclass
+class ResponsesTurn:
+    req: ResponsesRequest
+    conversation: Conversation
+    session: Session | None
+    kept: list[JSONObject]  # the conversation without `instructions`: what `store` keeps
+    shell: JSONObject  # the response before any output (`response_shell`)
+    sign: Callable[[str], str]
+    ev: Events = field(default_factory=Events)  # the stream's events, numbered
 
-        def keep() -> None:
-            session.responses[shell["id"]] = StoredResponse([*kept, result.answers[0]], orjson.dumps(result.body))
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
 
-        result.on_recorded.append(keep)
+    @property
+    def engine_extra(self) -> JSONObject:
+        return {}
 
-    def failed(e: APIError) -> bytes:
-        error = {"code": e.code or e.type, "message": e.message}
-        return ev("response.failed", response={**shell, "status": "failed", "error": error})
+    def answer(
+        self, state: RouterState, planned: PlannedTurn, gens: list[Generation], replies: list[JSONObject]
+    ) -> JSONObject:
+        return {**self.shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), self.sign)}
 
-    keepalive: Callable[[], bytes] = lambda: ev("response.in_progress", response=shell)  # noqa: E731
-    return stream_response(state, turn, planned.plan, events, result, started, StreamShape(failed, keepalive))
+    def events(
+        self, state: RouterState, planned: PlannedTurn, chunks: EngineChunks, result: StreamedTurn
+    ) -> AsyncIterator[bytes]:
+        return response_events(state, chunks, planned, self.shell, result, self.ev, self.sign)
+
+    def keepalive(self) -> bytes:
+        return self.ev("response.in_progress", response=self.shell)
+
+    def error_event(self, error: APIError) -> bytes:
+        failure = {"code": error.code or error.type, "message": error.message}
+        return self.ev("response.failed", response={**self.shell, "status": "failed", "error": failure})
+
+    def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
+        """With `store`, the session keeps the response for `previous_response_id` and GET."""
+        if self.session is not None and self.req.store:
+            self.session.responses[self.shell["id"]] = StoredResponse([*self.kept, answers[0]], orjson.dumps(body))
+
+
+class Responses:
+    def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> ResponsesTurn:
+        req = parse(ResponsesRequest, _served(body))
+        conv, kept = conversation(state, req, session)
+        shell = response_shell(req, req.model or state.model_name)
+        return ResponsesTurn(req, conv, session, kept, shell, _signer(state, session, shell["id"]))
+
+
+responses = endpoint(Responses())

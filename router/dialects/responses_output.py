@@ -10,14 +10,15 @@ from typing import Any
 
 import orjson
 
-from slimeish.router import responses as R
+from slimeish.router import openai_bodies as R
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import PlannedTurn, assistant_message
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
 from slimeish.router.turns import Generation
 
 
-def finished(gen: Generation, reply: dict, prompt_tokens: int, sign: Callable[[str], str]) -> dict:
+def finished(gen: Generation, reply: JSONObject, prompt_tokens: int, sign: Callable[[str], str]) -> JSONObject:
     """What the response object gains when its turn is done: output, status, usage."""
     cut = gen.finish_type == "length"
     return {
@@ -34,7 +35,7 @@ def finished(gen: Generation, reply: dict, prompt_tokens: int, sign: Callable[[s
     }
 
 
-def output_items(reply: dict, sign: Callable[[str], str]) -> list[dict]:
+def output_items(reply: JSONObject, sign: Callable[[str], str]) -> list[JSONObject]:
     # A reply without calls is always a message item (even empty), so the agent sends the turn back.
     calls = reply.get("tool_calls") or []
     reasoning = reply.get("reasoning_content")
@@ -43,10 +44,10 @@ def output_items(reply: dict, sign: Callable[[str], str]) -> list[dict]:
     return items + [_call_item(c, "completed") for c in calls]
 
 
-def _reasoning_item(text: str | None, reference: str | None, status: str, item_id: str | None = None) -> dict:
+def _reasoning_item(text: str | None, reference: str | None, status: str, item_id: str | None = None) -> JSONObject:
     """Reasoning as open-weight servers give it: the raw text as `reasoning_text` content, no summary."""
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-    item_id = item_id or "rs_" + R.new_id("x")[2:]
+    item_id = item_id or R.new_id("rs_")
     return {
         "type": "reasoning",
         "id": item_id,
@@ -57,13 +58,13 @@ def _reasoning_item(text: str | None, reference: str | None, status: str, item_i
     }
 
 
-def _message_item(text: str | None, status: str, item_id: str | None = None) -> dict:
+def _message_item(text: str | None, status: str, item_id: str | None = None) -> JSONObject:
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    item_id = item_id or "msg_" + R.new_id("x")[2:]
+    item_id = item_id or R.new_id("msg_")
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(call: dict, status: str) -> dict:
+def _call_item(call: JSONObject, status: str) -> JSONObject:
     f = call["function"]
     item_id = "fc_" + call["id"].removeprefix("call_")
     return {
@@ -89,9 +90,9 @@ class Events:
 
 async def response_events(
     state: RouterState,
-    chunks: AsyncIterator[tuple[dict, str]],
+    chunks: AsyncIterator[tuple[JSONObject, str]],
     planned: PlannedTurn,
-    shell: dict,
+    shell: JSONObject,
     result: StreamedTurn,
     ev: Events,
     sign: Callable[[str], str],
@@ -104,14 +105,14 @@ async def response_events(
     stops, markers = planned.params.get("stop", []), state.renderer.reasoning_markers
     replies = ReplyStream(1, planned.parse_tools, stops, planned.forced, markers, state.renderer.call_marker)
     item_id, sent = "", ""
-    output: list[dict] = []
+    output: list[JSONObject] = []
     async for d in replies.deltas(chunks):
         if d.reasoning:
             output.append(_reasoning_item(d.reasoning, sign(d.reasoning), "completed"))
             for event in _reasoning_events(ev, 0, output[0]):
                 yield event
         if d.text and not item_id:
-            item_id = "msg_" + R.new_id("x")[2:]
+            item_id = R.new_id("msg_")
             for event in _text_opening(ev, len(output), item_id):
                 yield event
         if d.text:
@@ -120,7 +121,7 @@ async def response_events(
     (done,) = replies.finish(lambda g: assistant_message(state, g, planned.parse_tools, planned.forced))
     closing = []
     if not item_id and (done.last or not done.message.get("tool_calls")):  # as output_items: a message
-        item_id = "msg_" + R.new_id("x")[2:]
+        item_id = R.new_id("msg_")
         closing += _text_opening(ev, len(output), item_id)
     if done.last:
         closing.append(_text_delta(ev, len(output), item_id, done.last))
@@ -139,7 +140,7 @@ async def response_events(
     result.body = final
 
 
-def _reasoning_events(ev: Events, index: int, item: dict) -> list[bytes]:
+def _reasoning_events(ev: Events, index: int, item: JSONObject) -> list[bytes]:
     """A reasoning item whole: its text is sent in one delta, as it is known only once it closed."""
     text, at = item["content"][0]["text"], {"item_id": item["id"], "output_index": index, "content_index": 0}
     return [
@@ -169,7 +170,7 @@ def _text_delta(ev: Events, index: int, item_id: str, text: str) -> bytes:
     return ev("response.output_text.delta", **at, delta=text, logprobs=[])
 
 
-def _text_closing(ev: Events, index: int, item: dict) -> list[bytes]:
+def _text_closing(ev: Events, index: int, item: JSONObject) -> list[bytes]:
     part, at = item["content"][0], {"item_id": item["id"], "output_index": index}
     return [
         ev("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]),
@@ -178,7 +179,7 @@ def _text_closing(ev: Events, index: int, item: dict) -> list[bytes]:
     ]
 
 
-def _call_events(ev: Events, index: int, item: dict) -> list[bytes]:
+def _call_events(ev: Events, index: int, item: JSONObject) -> list[bytes]:
     at = {"item_id": item["id"], "output_index": index}
     return [
         ev("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}),

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import TemplateError
 
 
-def schema_properties(tools: list[dict] | None, name: str) -> dict[str, dict]:
+def schema_properties(tools: list[JSONObject] | None, name: str) -> dict[str, JSONObject]:
     """The JSON-schema properties of the chat-format tool `name` ({} when it is not offered)."""
     for tool in tools or []:
         function = tool.get("function", tool)
@@ -26,12 +27,12 @@ def schema_properties(tools: list[dict] | None, name: str) -> dict[str, dict]:
     return {}
 
 
-def typed_arguments(raw: dict[str, str], properties: dict[str, dict]) -> str:
+def typed_arguments(raw: dict[str, str], properties: dict[str, JSONObject]) -> str:
     """The JSON object of `raw` (parameter name -> its text), each value typed by its schema."""
     return json.dumps({k: typed_value(v, properties.get(k)) for k, v in raw.items()}, ensure_ascii=False)
 
 
-def typed_value(text: str, schema: dict | None) -> Any:
+def typed_value(text: str, schema: JSONObject | None) -> Any:
     kind = _kind(schema)
     if kind == "string":
         return text
@@ -44,7 +45,7 @@ def typed_value(text: str, schema: dict | None) -> Any:
     return value
 
 
-def _kind(schema: dict | None) -> str | None:
+def _kind(schema: JSONObject | None) -> str | None:
     """The schema's one non-null type (`["string", "null"]` is a string), None when it has none."""
     kind = (schema or {}).get("type")
     if isinstance(kind, list):
@@ -53,7 +54,7 @@ def _kind(schema: dict | None) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def with_argument_objects(message: dict) -> dict:
+def with_argument_objects(message: JSONObject) -> JSONObject:
     """`message` with its calls' JSON-text arguments (as agents send them) parsed into the objects
     that templates iterating over a call's arguments (XML formats) read; TemplateError if one is not an object."""
     calls = message.get("tool_calls")
@@ -62,7 +63,7 @@ def with_argument_objects(message: dict) -> dict:
     return {**message, "tool_calls": [_parsed_arguments(c) for c in calls]}
 
 
-def _parsed_arguments(call: dict) -> dict:
+def _parsed_arguments(call: JSONObject) -> JSONObject:
     function = call.get("function") or {}
     arguments = function.get("arguments")
     if not isinstance(arguments, str):

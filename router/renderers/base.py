@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from slimeish.router.jsontypes import JSONObject
+
 # Why a reply's tool-call markup did not parse (counted by family in metrics).
 MALFORMED = "malformed"  # the call is complete but is not a valid call
 TRUNCATED = "truncated"  # the length limit cut the call before it closed
@@ -38,7 +40,7 @@ class ParsedReply:
 
     content: str | None
     reasoning: str | None = None
-    tool_calls: list[dict] = field(default_factory=list)
+    tool_calls: list[JSONObject] = field(default_factory=list)
     failure: str | None = None  # MALFORMED | TRUNCATED
     error: str | None = None  # what did not parse, for logs
 
@@ -61,17 +63,22 @@ class Renderer(Protocol):
 
     def token_text(self, token_id: int) -> str: ...
 
-    def full_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def full_ids(self, messages: list[JSONObject], tools: list[JSONObject] | None) -> list[int]:
         """The whole conversation up to the next generation prompt."""
         ...
 
-    def template_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def template_ids(self, messages: list[JSONObject], tools: list[JSONObject] | None) -> list[int]:
         """`full_ids` as the model's chat template alone renders it (`--next-turn-prompt template`):
         what a server without the router gives the engine, e.g. without old reasoning."""
         ...
 
     def continuation(
-        self, tokens: list[int], output_len: int, anchor: dict, tail: list[dict], tools: list[dict] | None
+        self,
+        tokens: list[int],
+        output_len: int,
+        anchor: JSONObject,
+        tail: list[JSONObject],
+        tools: list[JSONObject] | None,
     ) -> list[int]:
         """Ids that follow `tokens` (a segment whose last `output_len` ids are the sampled reply
         `anchor`) up to the next generation prompt, with `tail` (the new messages) rendered.
@@ -79,7 +86,7 @@ class Renderer(Protocol):
         ...
 
     def parse(
-        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
+        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[JSONObject] | None
     ) -> ParsedReply:
         """A reply: `forced` (the opening tool_choice put in the prompt) and the sampled ids, whose
         text the engine gave as `text`; tool calls are parsed only when `tools` (the request's

@@ -12,16 +12,17 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import MALFORMED, TRUNCATED, ParsedReply
 
-CallParser = Callable[[str], dict]  # a call's body text -> a chat-format tool call (ValueError if it is none)
+CallParser = Callable[[str], JSONObject]  # a call's body text -> a chat-format tool call (ValueError if it is none)
 
 
 def call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def tool_call(name: str, arguments: str) -> dict:
+def tool_call(name: str, arguments: str) -> JSONObject:
     """A chat-format tool call; `arguments` is the JSON object as text."""
     return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 

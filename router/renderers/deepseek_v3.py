@@ -21,9 +21,12 @@ import json
 import re
 from pathlib import Path
 
-from slimeish.router.render import ChatRenderer
+from transformers import PreTrainedTokenizerBase
+
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import MALFORMED, TRUNCATED, CallMarker, ParsedReply
 from slimeish.router.renderers.calls import tagged_calls, tool_call
+from slimeish.router.renderers.template import ChatRenderer
 
 CALLS, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -36,8 +39,8 @@ class DeepSeekV3Renderer(ChatRenderer):
     call_opening = CALLS
     call_marker = CallMarker(CALLS)
 
-    def __init__(self, model_path: str | Path):
-        super().__init__(model_path)
+    def __init__(self, model_path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None):
+        super().__init__(model_path, tokenizer)
         markers = map(self._token_id, (CALLS, CALLS_END, CALL, CALL_END))
         self._calls, self._calls_end, self._call, self._call_end = markers
 
@@ -52,12 +55,14 @@ class DeepSeekV3Renderer(ChatRenderer):
             and all(t in vocab for t in (CALLS, CALLS_END, CALL, CALL_END, SEP))
         )
 
-    def render_text(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
+    def render_text(
+        self, messages: list[JSONObject], tools: list[JSONObject] | None, generation_prompt: bool = True
+    ) -> str:
         # The template concatenates a call's arguments as text: an object is written as JSON.
         return super().render_text([_with_argument_text(m) for m in messages], tools, generation_prompt)
 
     def parse(
-        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
+        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[JSONObject] | None
     ) -> ParsedReply:
         ids = self._reply_ids(forced, output_ids, (self.eos_token_id,))
         if not tools or self._calls not in ids:
@@ -80,7 +85,7 @@ class DeepSeekV3Renderer(ChatRenderer):
         return at + len(SEP) if at >= 0 else -1
 
 
-def _call(body: str) -> dict:
+def _call(body: str) -> JSONObject:
     """One call's body (`function<｜tool▁sep｜>NAME`, then its arguments in a ```json block)."""
     match = _BODY.fullmatch(body)
     if match is None:
@@ -91,14 +96,14 @@ def _call(body: str) -> dict:
     return tool_call(match[2], json.dumps(arguments, ensure_ascii=False))
 
 
-def _with_argument_text(message: dict) -> dict:
+def _with_argument_text(message: JSONObject) -> JSONObject:
     calls = message.get("tool_calls")
     if not calls:
         return message
     return {**message, "tool_calls": [_argument_text(c) for c in calls]}
 
 
-def _argument_text(call: dict) -> dict:
+def _argument_text(call: JSONObject) -> JSONObject:
     function = call.get("function") or {}
     arguments = function.get("arguments")
     if isinstance(arguments, str):

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import renderers
+from transformers import PreTrainedTokenizerBase
 
-from slimeish.router.render import template_message
-from slimeish.router.renderers.arguments import schema_properties, typed_arguments, with_argument_objects
+from slimeish.router.jsontypes import JSONObject
+from slimeish.router.renderers.arguments import schema_properties, typed_arguments
 from slimeish.router.renderers.base import ParsedReply
 from slimeish.router.renderers.bridged import BridgedRenderer
 from slimeish.router.renderers.calls import tagged_calls, tool_call
@@ -30,12 +31,13 @@ _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", r
 class GLM45Renderer(BridgedRenderer):
     family = "glm-4.5"
     format_name = "GLM-4.5"
+    argument_objects = True
     reply_prefix = "\n<think></think>\n"  # a reply the template renders with no reasoning
     reasoning_markers = ("\n" + THINK, THINK_END)  # the reply's first token is the newline
     call_format = "<tool_call>NAME and <arg_key>/<arg_value> pairs"
 
-    def __init__(self, model_path: str | Path):
-        super().__init__(model_path)
+    def __init__(self, model_path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None):
+        super().__init__(model_path, tokenizer)
         self._think, self._think_end, self._call, self._call_end = map(
             self._token_id, (THINK, THINK_END, CALL, CALL_END)
         )
@@ -50,15 +52,8 @@ class GLM45Renderer(BridgedRenderer):
         markers = ("[gMASK]<sop>", "<|observation|>", "</arg_key>\n<arg_value>")
         return all(m in template for m in markers) and all(t in vocab for t in (THINK, THINK_END, CALL, ARG_KEY))
 
-    def library_message(self, message: dict) -> dict:
-        # Arguments that are not a JSON object are refused, not rendered as `{}` as the package would.
-        return with_argument_objects(template_message(message))
-
-    def render_text(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
-        return super().render_text([with_argument_objects(m) for m in messages], tools, generation_prompt)
-
     def parse(
-        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
+        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[JSONObject] | None
     ) -> ParsedReply:
         ids = self._reply_ids(forced, output_ids, self._stops)
         reasoning, body = None, ids
@@ -80,7 +75,7 @@ class GLM45Renderer(BridgedRenderer):
         return at + len(CALL) if at >= 0 else -1
 
 
-def _call(body: str, tools: list[dict]) -> dict:
+def _call(body: str, tools: list[JSONObject]) -> JSONObject:
     """One call's body (`NAME` then `<arg_key>`/`<arg_value>` pairs) as a chat-format tool call."""
     head, opening, rest = body.partition(ARG_KEY)
     name, pairs = head.strip(), opening + rest

@@ -18,8 +18,7 @@ from typing import Any
 
 import renderers
 
-from slimeish.router.render import template_message
-from slimeish.router.renderers.arguments import with_argument_objects
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import MALFORMED, TRUNCATED, CallMarker, ParsedReply
 from slimeish.router.renderers.bridged import BridgedRenderer
 from slimeish.router.renderers.calls import tool_call
@@ -30,6 +29,7 @@ CALL = '{"name": "'
 class Llama3Renderer(BridgedRenderer):
     family = "llama3"
     format_name = "Llama 3"
+    argument_objects = True
     call_format = 'a JSON object {"name": …, "parameters": …}'
     call_opening = CALL
     call_marker = CallMarker("{", at_start=True)
@@ -43,15 +43,8 @@ class Llama3Renderer(BridgedRenderer):
         markers = ("<|start_header_id|>", "<|eot_id|>", "Environment: ipython", '"parameters": ')
         return all(m in template for m in markers) and all(t in vocab for t in ("<|python_tag|>", "<|eom_id|>"))
 
-    def library_message(self, message: dict) -> dict:
-        # The package writes JSON-text arguments as sent; the template writes them as `tojson` does.
-        return with_argument_objects(template_message(message))
-
-    def render_text(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
-        return super().render_text([with_argument_objects(m) for m in messages], tools, generation_prompt)
-
     def parse(
-        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
+        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[JSONObject] | None
     ) -> ParsedReply:
         ids = self._reply_ids(forced, output_ids, self._stops)
         reply = self.decode(ids)  # `<|python_tag|>` is a special token: not part of the text
@@ -66,7 +59,7 @@ class Llama3Renderer(BridgedRenderer):
         return super()._opening_end(rendered, name) if name else len(CALL)
 
 
-def _calls(text: str) -> list[dict]:
+def _calls(text: str) -> list[JSONObject]:
     """The calls in `text`: JSON objects with a `name` and `parameters` (or `arguments`), `;` between."""
     decoder, calls, at = json.JSONDecoder(), [], 0
     while at < len(text):

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import renderers
+from transformers import PreTrainedTokenizerBase
 
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import ParsedReply
 from slimeish.router.renderers.bridged import BridgedRenderer
 from slimeish.router.renderers.calls import tagged_calls
@@ -32,8 +34,8 @@ class Qwen3Renderer(BridgedRenderer):
     # template would drop it at every new user query (and split the episode there).
     next_turn_prompt = "sampled"
 
-    def __init__(self, model_path: str | Path):
-        super().__init__(model_path)
+    def __init__(self, model_path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None):
+        super().__init__(model_path, tokenizer)
         self._think, self._think_end, self._call, self._call_end = map(
             self._token_id, (THINK, THINK_END, CALL, CALL_END)
         )
@@ -54,7 +56,7 @@ class Qwen3Renderer(BridgedRenderer):
         )
 
     def parse(
-        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
+        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[JSONObject] | None
     ) -> ParsedReply:
         ids = self._reply_ids(forced, output_ids, self._stops)
         reasoning, body = None, ids

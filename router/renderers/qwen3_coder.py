@@ -13,10 +13,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from slimeish.router.render import ARGS_MARK, ChatRenderer
+from transformers import PreTrainedTokenizerBase
+
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.arguments import schema_properties, typed_arguments, with_argument_objects
 from slimeish.router.renderers.base import ParsedReply
 from slimeish.router.renderers.calls import tagged_calls, tool_call
+from slimeish.router.renderers.template import ARGS_MARK, ChatRenderer
 
 CALL, CALL_END, FUNCTION = "<tool_call>", "</tool_call>", "<function="
 _FUNCTION = re.compile(r"<function=([^>\n]+)>\n?(.*?)</function>", re.DOTALL)
@@ -27,8 +30,8 @@ class Qwen3CoderRenderer(ChatRenderer):
     family = "qwen3-coder"
     call_format = "<tool_call> and <function=…>"
 
-    def __init__(self, model_path: str | Path):
-        super().__init__(model_path)
+    def __init__(self, model_path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None):
+        super().__init__(model_path, tokenizer)
         self._call, self._call_end = self._token_id(CALL), self._token_id(CALL_END)
         self._eos = {self.eos_token_id, self._token_id("<|endoftext|>")}
 
@@ -39,11 +42,13 @@ class Qwen3CoderRenderer(ChatRenderer):
         plain = "reasoning_content" not in template
         return plain and all(m in template for m in markers) and CALL in vocab and CALL_END in vocab
 
-    def render_text(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
+    def render_text(
+        self, messages: list[JSONObject], tools: list[JSONObject] | None, generation_prompt: bool = True
+    ) -> str:
         return super().render_text([with_argument_objects(m) for m in messages], tools, generation_prompt)
 
     def parse(
-        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
+        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[JSONObject] | None
     ) -> ParsedReply:
         ids = self._reply_ids(forced, output_ids, self._eos)
         if not tools or self._call not in ids:
@@ -57,7 +62,7 @@ class Qwen3CoderRenderer(ChatRenderer):
         return at + len(FUNCTION) if at >= 0 else -1
 
 
-def _call(body: str, tools: list[dict]) -> dict:
+def _call(body: str, tools: list[JSONObject]) -> JSONObject:
     """One call's body (`<function=…>…</function>`) as a chat-format tool call."""
     function = _FUNCTION.fullmatch(body)
     if function is None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slimeish.router.render import ChatRenderer
 from slimeish.router.renderers.base import Renderer
 from slimeish.router.renderers.deepseek_v3 import DeepSeekV3Renderer
 from slimeish.router.renderers.glm45 import GLM45Renderer
 from slimeish.router.renderers.llama3 import Llama3Renderer
 from slimeish.router.renderers.qwen3 import Qwen3Renderer
 from slimeish.router.renderers.qwen3_coder import Qwen3CoderRenderer
+from slimeish.router.renderers.template import ChatRenderer
 
 FAMILIES: dict[str, type[ChatRenderer]] = {
     "template": ChatRenderer,
@@ -36,4 +36,4 @@ def load_renderer(model: str | Path, choice: str = "auto") -> Renderer:
         raise ValueError(f"--renderer {choice!r}: expected auto or one of {', '.join(FAMILIES)}")
     template = ChatRenderer(model)
     family = family_of(template) if choice == "auto" else choice
-    return template if family == "template" else FAMILIES[family](model)
+    return template if family == "template" else FAMILIES[family](model, template.tokenizer)

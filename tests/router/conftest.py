@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.router.config import RouterConfig
-from slimeish.router.render import ChatRenderer
+from slimeish.router.renderers.template import ChatRenderer
 from slimeish.router.server import create_app
 from slimeish.router.storage import MemoryStore
 from tests.stand_in import serve_app

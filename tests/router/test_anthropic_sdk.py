@@ -15,7 +15,7 @@ import pytest
 
 from slimeish.router.capture import Capture
 from slimeish.router.dialects.messages import MessagesRequest, chat_messages, content_blocks, stop_reason
-from slimeish.router.turns import Generation
+from slimeish.router.turns import Generation, parse_generation
 from tests.router.test_openai_sdk import assert_exact_capture
 
 TOOLS = [
@@ -207,7 +207,8 @@ def test_unknown_paths_and_methods_under_messages_are_anthropic_shaped(router_ap
 
 
 def gen(finish: dict) -> Generation:
-    return Generation([5], [-0.1], "x", finish["type"], [0], "e", {"meta_info": {"finish_reason": finish}})
+    meta = {"finish_reason": finish, "output_token_logprobs": [[-0.1, 5, None]]}
+    return parse_generation({"text": "x", "output_ids": [5], "meta_info": meta}, "e")
 
 
 def test_stop_reasons():

@@ -10,7 +10,7 @@ import pytest
 
 from slimeish.router import history as H
 from slimeish.router.capture import Capture
-from slimeish.router.render import ChatRenderer
+from slimeish.router.renderers.template import ChatRenderer
 from slimeish.router.schemas import validate_messages
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -10,10 +10,10 @@ import pytest
 import renderers
 from transformers import GenerationConfig
 
-from slimeish.router.render import template_message
 from slimeish.router.renderers.base import MALFORMED, TRUNCATED
 from slimeish.router.renderers.deepseek_v3 import DeepSeekV3Renderer
 from slimeish.router.renderers.select import load_renderer
+from slimeish.router.renderers.template import template_message
 from tests.router.families import streamed_and_answered
 from tests.router.test_qwen3_coder_renderer import TOOLS, call
 

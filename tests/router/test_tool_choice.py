@@ -22,7 +22,7 @@ from slimeish.router.capture import Capture
 from slimeish.router.dialects.chat import chat_events
 from slimeish.router.metrics import RouterMetrics
 from slimeish.router.pipeline import assistant_message, forced_start
-from slimeish.router.render import ChatRenderer, TemplateError
+from slimeish.router.renderers.template import ChatRenderer, TemplateError
 from slimeish.router.schemas import ChatRequest, validate_messages
 from slimeish.router.streaming import ReplyStream, StreamedTurn
 from slimeish.router.tool_parser import parse_tool_calls

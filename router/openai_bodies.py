@@ -10,6 +10,7 @@ import orjson
 from fastapi.responses import Response
 
 from slimeish.common.finish import openai_finish_reason
+from slimeish.router.jsontypes import JSONObject, TokenLogprob
 from slimeish.router.renderers.base import Renderer
 from slimeish.router.turns import Generation
 
@@ -19,11 +20,12 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """A fresh id after `prefix`, which carries the API's own separator (`chatcmpl-`, `msg_`)."""
+    return prefix + uuid.uuid4().hex
 
 
 def stream_head(model: str, prefix: str, obj: str) -> dict[str, Any]:
-    return {"id": new_id(prefix), "object": obj, "created": int(time.time()), "model": model}
+    return {"id": new_id(prefix + "-"), "object": obj, "created": int(time.time()), "model": model}
 
 
 def usage(prompt_tokens: int, gens: list[Generation]) -> dict[str, int]:
@@ -36,7 +38,7 @@ def _token_entry(renderer: Renderer, token_id: int, logprob: float) -> dict[str,
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
-def stream_logprobs(renderer: Renderer, entries: list[list]) -> dict[str, Any]:
+def stream_logprobs(renderer: Renderer, entries: list[TokenLogprob]) -> dict[str, Any]:
     """Chat log-probs of the tokens in one stream chunk (`[logprob, token_id, text]` entries)."""
     return {"content": [{**_token_entry(renderer, e[1], e[0]), "top_logprobs": []} for e in entries]}
 
@@ -44,7 +46,7 @@ def stream_logprobs(renderer: Renderer, entries: list[list]) -> dict[str, Any]:
 def chat_logprobs(renderer: Renderer, gen: Generation) -> dict[str, Any]:
     """OpenAI's shape; `top_logprobs` come from SGLang's `output_top_logprobs` when the engine
     returned them (`[logprob, token_id, text]` per alternative)."""
-    tops = gen.raw.get("meta_info", {}).get("output_top_logprobs") or [None] * len(gen.output_ids)
+    tops = gen.top_logprobs or [None] * len(gen.output_ids)
     return {
         "content": [
             {
@@ -66,7 +68,11 @@ def completion_logprobs(renderer: Renderer, gen: Generation) -> dict[str, Any]:
 
 
 def chat_completion(
-    model: str, messages: list[dict], gens: list[Generation], prompt_tokens: int, logprobs: list[dict] | None
+    model: str,
+    messages: list[JSONObject],
+    gens: list[Generation],
+    prompt_tokens: int,
+    logprobs: list[JSONObject] | None,
 ) -> dict[str, Any]:
     choices = [
         {
@@ -78,7 +84,7 @@ def chat_completion(
         for i, (gen, message) in enumerate(zip(gens, messages, strict=True))
     ]
     return {
-        "id": new_id("chatcmpl"),
+        "id": new_id("chatcmpl-"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -88,7 +94,7 @@ def chat_completion(
 
 
 def text_completion(
-    model: str, texts: list[str], gens: list[Generation], prompt_tokens: int, logprobs: list[dict] | None
+    model: str, texts: list[str], gens: list[Generation], prompt_tokens: int, logprobs: list[JSONObject] | None
 ) -> dict[str, Any]:
     choices = [
         {
@@ -100,7 +106,7 @@ def text_completion(
         for i, (gen, text) in enumerate(zip(gens, texts, strict=True))
     ]
     return {
-        "id": new_id("cmpl"),
+        "id": new_id("cmpl-"),
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,

@@ -18,9 +18,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from slimeish.router.history import FOREIGN_REASONING
+from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import MALFORMED, TRUNCATED, CallMarker, ParsedReply, TemplateError
 from slimeish.router.tool_parser import TOOL_CALL_OPEN, parse_tool_calls
 
@@ -52,8 +53,9 @@ class ChatRenderer:
     call_opening = TOOL_CALL_OPEN  # how the template's rendering of a call starts
     call_marker = CallMarker(TOOL_CALL_OPEN)  # where a sampled call starts (streams hold content back from it)
 
-    def __init__(self, model_path: str | Path):
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    def __init__(self, model_path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None):
+        """`tokenizer`: the model's, already loaded (`load_renderer` loads it once); None loads it."""
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
         if self.tokenizer.chat_template is None:
             raise ValueError(f"{model_path}: the tokenizer has no chat template")
         self.eos_token: str = self.tokenizer.eos_token
@@ -69,9 +71,12 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer.is_fast:  # the Rust tokenizer directly: same ids, half the per-call cost
             if len(text) > 100_000:  # encode_batch releases the GIL: the event loop runs on meanwhile
-                return self.tokenizer.backend_tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
-            return self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+                ids: list[int] = self.tokenizer.backend_tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+                return ids
+            ids = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+            return ids
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         # One sequence of ids decodes to one string (transformers' return type covers batches too).
@@ -97,11 +102,13 @@ class ChatRenderer:
         """The text of `ids`, markup included (the families' parsers read it)."""
         return self.decode(ids, skip_special_tokens=False)
 
-    def render_text(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
+    def render_text(
+        self, messages: list[JSONObject], tools: list[JSONObject] | None, generation_prompt: bool = True
+    ) -> str:
         try:
             text = self.tokenizer.apply_chat_template(
                 [template_message(m) for m in messages],
-                tools=tools or None,  # type: ignore[arg-type]  # transformers' list[dict | Callable] is invariant
+                tools=tools or None,  # type: ignore[arg-type]  # transformers' list[JSONObject | Callable] is invariant
                 tokenize=False,
                 add_generation_prompt=generation_prompt,
             )
@@ -109,13 +116,13 @@ class ChatRenderer:
             raise TemplateError(f"chat template failed on these messages: {e}") from e
         return cast(str, text)  # tokenize=False: the rendered text
 
-    def full_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def full_ids(self, messages: list[JSONObject], tools: list[JSONObject] | None) -> list[int]:
         return self.template_ids(messages, tools)
 
-    def template_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def template_ids(self, messages: list[JSONObject], tools: list[JSONObject] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools))
 
-    def tail_ids(self, anchor: dict, ended_with_eos: bool, tail: list[dict]) -> list[int]:
+    def tail_ids(self, anchor: JSONObject, ended_with_eos: bool, tail: list[JSONObject]) -> list[int]:
         """Tokens that follow the sampled tokens of `anchor` (the model's last reply) up to the
         next generation prompt: the template's closing of `anchor` that was not sampled (`\\n`
         after a sampled eos, or eos + `\\n` when generation stopped otherwise), then `tail`."""
@@ -128,13 +135,18 @@ class ChatRenderer:
         return self.encode(closing + full[len(base) :])
 
     def continuation(
-        self, tokens: list[int], output_len: int, anchor: dict, tail: list[dict], tools: list[dict] | None
+        self,
+        tokens: list[int],
+        output_len: int,
+        anchor: JSONObject,
+        tail: list[JSONObject],
+        tools: list[JSONObject] | None,
     ) -> list[int]:
         ended_with_eos = output_len > 0 and tokens[-1] == self.eos_token_id
         return self.tail_ids(anchor, ended_with_eos, tail)
 
     def parse(
-        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[dict] | None
+        self, forced: str, output_ids: list[int], text: str, finish_type: str, tools: list[JSONObject] | None
     ) -> ParsedReply:
         """Hermes calls, parsed from the text (the template's markup is plain text to it)."""
         text = forced + text

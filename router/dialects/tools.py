@@ -1,0 +1,63 @@
+"""Tools, the tool choice and text content as every dialect hands them to capture, in one place:
+each API names them its own way (`input_schema` / `parameters`, `any` / `required`, blocks /
+parts), but what the conversation gets, and what is refused, is the same."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from slimeish.router.errors import APIError, from_validation_error
+from slimeish.router.schemas import NamedToolChoice, Tool, ToolChoice
+
+JSONSchema = dict[str, Any]
+
+
+class HasText(Protocol):
+    @property
+    def text(self) -> str: ...
+
+
+def joined_text(content: str | Sequence[HasText]) -> str:
+    """A content string, or its text blocks / parts joined."""
+    return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def refuse_hosted_tools(body: dict[str, Any], served: tuple[str | None, ...], define: str) -> dict[str, Any]:
+    """Refuse, by name, tool types the API's provider runs on its own side (web search, bash, ...):
+    only tools the agent runs itself (`served` types) can be sampled here."""
+    for i, tool in enumerate(body.get("tools") or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in served:
+            raise APIError(400, f"tools.{i}: hosted tool type {kind!r} is not served; define {define}")
+    return body
+
+
+def chat_tools(tools: Iterable[tuple[str, str | None, JSONSchema | None]]) -> list[dict[str, Any]] | None:
+    """The API's function tools, each (name, description, JSON schema), as chat `tools`,
+    validated as chat's are (errors name `tools.<i>`)."""
+    out = []
+    for i, (name, description, parameters) in enumerate(tools):
+        function = {"name": name, "description": description, "parameters": parameters}
+        tool = {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+        try:
+            Tool.model_validate(tool)
+        except ValidationError as e:
+            raise from_validation_error(e, f"tools.{i}") from None
+        out.append(tool)
+    return out or None
+
+
+def tool_choice(kind: str | None, name: str | None, names: Sequence[str], said: str | None = None) -> ToolChoice:
+    """The conversation's tool choice: `kind` "auto" | "none" | "required" (None: the API's
+    default), or `name` for one function, checked against the request's tool `names`. `said` is
+    how the API spells `kind`, for the error."""
+    if name is not None:
+        if name not in names:
+            raise APIError(400, f"tool_choice names tool {name!r}, which is not in tools", param="tool_choice")
+        return NamedToolChoice(type="function", function={"name": name})
+    if kind == "required" and not names:
+        raise APIError(400, f"tool_choice {said or kind!r} needs at least one tool", param="tool_choice")
+    return kind
