@@ -27,7 +27,7 @@ from slimeish.router import history as H
 from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
-from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
+from slimeish.router.dialects.tools import chat_tools, joined_text, served_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
@@ -139,7 +139,7 @@ async def _count_tokens(state: RouterState, turn: InFlight, body: JSONObject, st
 
 
 def _served(body: JSONObject) -> JSONObject:
-    return refuse_hosted_tools(body, (None, "custom"), "a custom tool")
+    return served_tools(body, (None, "custom"), "a custom tool")
 
 
 def conversation(state: RouterState, req: MessagesRequest, session: Session | None) -> Conversation:

@@ -28,8 +28,8 @@ from slimeish.router import history as H
 from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
-from slimeish.router.dialects.responses_output import Events, finished, response_events
-from slimeish.router.dialects.tools import chat_tools, joined_text, refuse_hosted_tools, tool_choice
+from slimeish.router.dialects.responses_output import Events, Namespaced, finished, response_events
+from slimeish.router.dialects.tools import chat_tools, joined_text, served_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
@@ -64,6 +64,11 @@ class FunctionCallItem(_Item):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None
+
+    def tool_name(self) -> str:
+        """The name the model sampled: a namespace's function under its flattened name."""
+        return self.name if self.namespace is None else flat_name(self.namespace, self.name)
 
 
 class FunctionCallOutputItem(_Item):
@@ -123,6 +128,36 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+class NamespaceTool(BaseModel):
+    """A group of function tools (Codex's multi-agent tools): served as its functions, each under
+    `flat_name`, since chat templates know no namespaces."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
+def flat_name(namespace: str, name: str) -> str:
+    # `__` joins as in Codex's own MCP tool names (`mcp__server__tool`), and passes chat's name rule.
+    return f"{namespace}__{name}"
+
+
+# Tools that run on OpenAI's side; Codex offers `web_search` by default.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "code_interpreter",
+        "computer_use_preview",
+        "image_generation",
+        "mcp",
+    }
+)
+
+
 class NamedFunction(BaseModel):
     type: Literal["function"]
     name: str
@@ -133,7 +168,7 @@ class ResponsesRequest(BaseModel):
     model: str | None = None
     input: str | list[Any]  # items are checked one by one (`items`), so an error names the item
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Annotated[FunctionTool | NamespaceTool, Field(discriminator="type")]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(None, ge=1)
@@ -146,15 +181,36 @@ class ResponsesRequest(BaseModel):
 
 
 def _served(body: JSONObject) -> JSONObject:
-    return refuse_hosted_tools(body, ("function",), "a function tool")
+    return served_tools(body, ("function", "namespace"), "a function tool", HOSTED_TOOLS)
+
+
+def _functions(req: ResponsesRequest) -> list[tuple[str, FunctionTool]]:
+    """Each function tool under the name the model sees: a namespace's functions flattened."""
+    out: list[tuple[str, FunctionTool]] = []
+    for t in req.tools or []:
+        if isinstance(t, NamespaceTool):
+            out += [(flat_name(t.name, f.name), f) for f in t.tools]
+        else:
+            out.append((t.name, t))
+    return out
+
+
+def namespaced(req: ResponsesRequest) -> Namespaced:
+    """The flattened names of the request's namespaced functions, to answer their calls under."""
+    return {
+        flat_name(t.name, f.name): (t.name, f.name)
+        for t in req.tools or []
+        if isinstance(t, NamespaceTool)
+        for f in t.tools
+    }
 
 
 def _chat_tools(req: ResponsesRequest) -> list[JSONObject] | None:
-    return chat_tools((t.name, t.description, t.parameters) for t in req.tools or [])
+    return chat_tools((name, t.description, t.parameters) for name, t in _functions(req))
 
 
 def _tool_choice(req: ResponsesRequest) -> ToolChoice:
-    choice, names = req.tool_choice, [t.name for t in req.tools or []]
+    choice, names = req.tool_choice, [name for name, _ in _functions(req)]
     if isinstance(choice, NamedFunction):
         return tool_choice(None, choice.name, names)
     return tool_choice(choice, None, names)
@@ -245,7 +301,7 @@ def _converted(
             call = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
+                "function": {"name": item.tool_name(), "arguments": item.arguments},
             }
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": None})
@@ -316,6 +372,7 @@ class ResponsesTurn:
     kept: list[JSONObject]  # the conversation without `instructions`: what `store` keeps
     shell: JSONObject  # the response before any output (`response_shell`)
     sign: Callable[[str], str]
+    namespaced: Namespaced
     ev: Events = field(default_factory=Events)  # the stream's events, numbered
 
     @property
@@ -329,12 +386,12 @@ class ResponsesTurn:
     def answer(
         self, state: RouterState, planned: PlannedTurn, gens: list[Generation], replies: list[JSONObject]
     ) -> JSONObject:
-        return {**self.shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), self.sign)}
+        return {**self.shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), self.sign, self.namespaced)}
 
     def events(
         self, state: RouterState, planned: PlannedTurn, chunks: EngineChunks, result: StreamedTurn
     ) -> AsyncIterator[bytes]:
-        return response_events(state, chunks, planned, self.shell, result, self.ev, self.sign)
+        return response_events(state, chunks, planned, self.shell, result, self.ev, self.sign, self.namespaced)
 
     def keepalive(self) -> bytes:
         return self.ev("response.in_progress", response=self.shell)
@@ -354,7 +411,8 @@ class Responses:
         req = parse(ResponsesRequest, _served(body))
         conv, kept = conversation(state, req, session)
         shell = response_shell(req, req.model or state.model_name)
-        return ResponsesTurn(req, conv, session, kept, shell, _signer(state, session, shell["id"]))
+        sign = _signer(state, session, shell["id"])
+        return ResponsesTurn(req, conv, session, kept, shell, sign, namespaced(req))
 
 
 responses = endpoint(Responses())

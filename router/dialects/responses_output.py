@@ -4,7 +4,7 @@ The request side, and the wiring through the capture pipeline, are in `responses
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from itertools import count
 from typing import Any
 
@@ -17,14 +17,18 @@ from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
 from slimeish.router.turns import Generation
 
+Namespaced = Mapping[str, tuple[str, str]]  # a flattened tool name -> (namespace, its name in it)
 
-def finished(gen: Generation, reply: JSONObject, prompt_tokens: int, sign: Callable[[str], str]) -> JSONObject:
+
+def finished(
+    gen: Generation, reply: JSONObject, prompt_tokens: int, sign: Callable[[str], str], namespaced: Namespaced
+) -> JSONObject:
     """What the response object gains when its turn is done: output, status, usage."""
     cut = gen.finish_type == "length"
     return {
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "output": output_items(reply, sign),
+        "output": output_items(reply, sign, namespaced),
         "usage": {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
@@ -35,13 +39,13 @@ def finished(gen: Generation, reply: JSONObject, prompt_tokens: int, sign: Calla
     }
 
 
-def output_items(reply: JSONObject, sign: Callable[[str], str]) -> list[JSONObject]:
+def output_items(reply: JSONObject, sign: Callable[[str], str], namespaced: Namespaced) -> list[JSONObject]:
     # A reply without calls is always a message item (even empty), so the agent sends the turn back.
     calls = reply.get("tool_calls") or []
     reasoning = reply.get("reasoning_content")
     items = [_reasoning_item(reasoning, sign(reasoning), "completed")] if reasoning else []
     items += [_message_item(reply.get("content") or "", "completed")] if reply.get("content") or not calls else []
-    return items + [_call_item(c, "completed") for c in calls]
+    return items + [_call_item(c, "completed", namespaced) for c in calls]
 
 
 def _reasoning_item(text: str | None, reference: str | None, status: str, item_id: str | None = None) -> JSONObject:
@@ -64,17 +68,15 @@ def _message_item(text: str | None, status: str, item_id: str | None = None) -> 
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(call: JSONObject, status: str) -> JSONObject:
+def _call_item(call: JSONObject, status: str, namespaced: Namespaced) -> JSONObject:
+    """A call as a `function_call` item; a call to a namespace's function carries its own name and
+    the `namespace`, as OpenAI returns it (and as the client sends it back)."""
     f = call["function"]
     item_id = "fc_" + call["id"].removeprefix("call_")
-    return {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call["id"],
-        "name": f["name"],
-        "arguments": f["arguments"],
-        "status": status,
-    }
+    item = {"type": "function_call", "id": item_id, "call_id": call["id"], "name": f["name"]}
+    if f["name"] in namespaced:
+        item["namespace"], item["name"] = namespaced[f["name"]]
+    return {**item, "arguments": f["arguments"], "status": status}
 
 
 class Events:
@@ -96,6 +98,7 @@ async def response_events(
     result: StreamedTurn,
     ev: Events,
     sign: Callable[[str], str],
+    namespaced: Namespaced,
 ) -> AsyncIterator[bytes]:
     """`response.created`, `.in_progress`, the reasoning item (once its end is sampled) and the
     message item's text deltas while the engine streams; the text's and calls' closing events and
@@ -129,9 +132,10 @@ async def response_events(
         output.append(_message_item(sent + done.last, "completed", item_id))
         closing += _text_closing(ev, len(output) - 1, output[-1])
     for call in done.message.get("tool_calls") or []:
-        closing += _call_events(ev, len(output), _call_item(call, "completed"))
-        output.append(_call_item(call, "completed"))
-    final = {**shell, **finished(done.generation, done.message, len(planned.plan.input_ids), sign), "output": output}
+        closing += _call_events(ev, len(output), _call_item(call, "completed", namespaced))
+        output.append(_call_item(call, "completed", namespaced))
+    prompt_tokens = len(planned.plan.input_ids)
+    final = {**shell, **finished(done.generation, done.message, prompt_tokens, sign, namespaced), "output": output}
     kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
     closing.append(ev(kind, response=final))
     result.closing += closing

@@ -25,14 +25,21 @@ def joined_text(content: str | Sequence[HasText]) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
-def refuse_hosted_tools(body: dict[str, Any], served: tuple[str | None, ...], define: str) -> dict[str, Any]:
-    """Refuse, by name, tool types the API's provider runs on its own side (web search, bash, ...):
-    only tools the agent runs itself (`served` types) can be sampled here."""
-    for i, tool in enumerate(body.get("tools") or []):
+def served_tools(
+    body: dict[str, Any], served: tuple[str | None, ...], define: str, hosted: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The body with only the tools the agent runs itself (`served` types), which can be sampled
+    here. `hosted` types run on the provider's side (web search): nothing here can run them, and an
+    agent that offers them by default (Codex) expects no call, so they are left out of the prompt.
+    Any other type is refused by name."""
+    tools = body.get("tools") or []
+    for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind not in served:
+        if kind not in served and kind not in hosted:
             raise APIError(400, f"tools.{i}: hosted tool type {kind!r} is not served; define {define}")
-    return body
+    if not any(isinstance(t, dict) and t.get("type") in hosted for t in tools):
+        return body
+    return {**body, "tools": [t for t in tools if t.get("type") not in hosted]}
 
 
 def chat_tools(tools: Iterable[tuple[str, str | None, JSONSchema | None]]) -> list[dict[str, Any]] | None:

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from slimeish.router.dialects.responses_output import output_items
 from tests.router.test_anthropic_sdk import engine_calls
 from tests.router.test_errors import assert_openai_error
 from tests.router.test_openai_sdk import assert_exact_capture, client_for
@@ -105,7 +106,7 @@ def test_openai_agents_default_model_runs_a_multi_turn_episode(router_app, rende
 
 GOOD = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
 BAD = {
-    "built-in tool": ({**GOOD, "tools": [{"type": "web_search"}]}, "web_search"),
+    "custom tool": ({**GOOD, "tools": [{"type": "custom", "name": "apply_patch"}]}, "custom"),
     "unknown previous_response_id": ({**GOOD, "previous_response_id": "resp_nope"}, "resp_nope"),
     "item type": ({**GOOD, "input": [{"type": "computer_call_output", "call_id": "c"}]}, "input.0"),
     "image part": (
@@ -162,3 +163,75 @@ def test_retrieve_returns_the_stored_response_and_404_for_others(router_app):
     other = client_for(router_app.new_session())  # another session's key does not see them
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(created.id)
+
+
+# Codex CLI's default tools (the shapes of the `openai` SDK's `NamespaceTool` and `WebSearchTool`):
+# its multi-agent functions in a namespace, and OpenAI's hosted web search.
+SPAWN = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+CODEX_TOOLS = [
+    *TOOLS,
+    {
+        "type": "namespace",
+        "name": "multi_agent",
+        "description": "Tools to run sub-agents.",
+        "tools": [{"type": "function", "name": "spawn_agent", "description": "start a sub-agent", "parameters": SPAWN}],
+    },
+    {"type": "web_search", "external_web_access": False},
+]
+
+
+def test_codex_namespace_and_web_search_tools_are_served_and_captured_exactly(router_app, renderer):
+    session = router_app.new_session(group_id="g-codex")
+    client = client_for(session)
+    start = len(router_app.engine_log)
+    call = {
+        "type": "function_call",
+        "call_id": "call_spawn",
+        "namespace": "multi_agent",
+        "name": "spawn_agent",
+        "arguments": '{"message": "hi"}',
+    }
+    items: list = [{"role": "user", "content": "spawn one"}, call]
+    items.append({"type": "function_call_output", "call_id": "call_spawn", "output": "spawned"})
+    kw = {"model": "tiny", "instructions": "You code.", "tools": CODEX_TOOLS, "max_output_tokens": 6}
+    first = client.responses.create(input=items, **kw)
+    items += [o.model_dump(exclude_none=True) for o in first.output] + answer(first.output)
+    with client.responses.stream(input=items, **kw) as stream:
+        list(stream)
+    # the model sees the namespace's function under its flat name, its call too, and no web search
+    spawn = {"name": "multi_agent__spawn_agent", "description": "start a sub-agent", "parameters": SPAWN}
+    add = {k: v for k, v in TOOLS[0].items() if k != "type"}
+    chat_tools = [{"type": "function", "function": f} for f in (add, spawn)]
+    first_prompt = renderer.tokenizer.decode(router_app.engine_log[start][0]["input_ids"], skip_special_tokens=False)
+    flat_call = {**call, "name": "multi_agent__spawn_agent"}
+    messages = [
+        {"role": "system", "content": "You code."},
+        {"role": "user", "content": "spawn one"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_spawn",
+                    "type": "function",
+                    "function": {"name": flat_call["name"], "arguments": call["arguments"]},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_spawn", "content": "spawned"},
+    ]
+    assert first_prompt.startswith(renderer.render_text(messages, chat_tools))
+    assert "web_search" not in first_prompt
+    finish_and_check(router_app, session, start, renderer, 2)
+
+
+def test_a_call_to_a_namespaced_function_is_answered_under_its_namespace():
+    call = {"id": "call_1", "type": "function", "function": {"name": "multi_agent__spawn_agent", "arguments": "{}"}}
+    other = {"id": "call_2", "type": "function", "function": {"name": "mcp__fs__read", "arguments": "{}"}}
+    reply = {"role": "assistant", "content": None, "tool_calls": [call, other]}
+    namespaced = {"multi_agent__spawn_agent": ("multi_agent", "spawn_agent")}
+    items = output_items(reply, lambda text: "ref", namespaced)
+    assert [(i.get("namespace"), i["name"]) for i in items] == [("multi_agent", "spawn_agent"), (None, "mcp__fs__read")]
+    # the `openai` SDK reads the item back with its namespace
+    parsed = openai.types.responses.ResponseFunctionToolCall.model_validate(items[0])
+    assert (parsed.namespace, parsed.name) == ("multi_agent", "spawn_agent")
