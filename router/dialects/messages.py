@@ -88,7 +88,7 @@ Block = Annotated[AnyBlock, Field(discriminator="type")]
 
 
 class MessageParam(BaseModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: a Claude Code beta, rendered where it stands
     content: str | list[Block]
 
 
@@ -184,13 +184,22 @@ def _converted(
         except ValidationError as e:
             raise from_validation_error(e, f"messages.{i}") from None
         blocks: list[AnyBlock] = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
-        if m.role == "assistant":
+        if m.role == "system":
+            out.append({"role": "system", "content": _system_text(blocks, i)})
+        elif m.role == "assistant":
             out.append(_assistant(blocks, i, verified))
             calls = frozenset(b.id for b in blocks if isinstance(b, ToolUseBlock))
         else:
             out += _user(blocks, i, calls)
             calls = frozenset()
     return out, calls
+
+
+def _system_text(blocks: list[AnyBlock], i: int) -> str:
+    for j, b in enumerate(blocks):
+        if not isinstance(b, TextBlock):
+            raise APIError(400, f"messages.{i}.content.{j}: a system message holds text blocks only, not {b.type}")
+    return joined_text([b for b in blocks if isinstance(b, TextBlock)])
 
 
 def _assistant(blocks: list[AnyBlock], i: int, verified: Verifier) -> JSONObject:

@@ -233,3 +233,27 @@ def test_a_tool_result_with_is_error_reaches_the_model_as_an_error():
     body["messages"].append({"role": "user", "content": results})
     converted = chat_messages(MessagesRequest.model_validate(body), lambda ref, text: True)
     assert [m["content"] for m in converted if m["role"] == "tool"] == ["Error: no such file", "3"]
+
+
+def test_a_system_message_inside_messages_renders_where_it_stands_and_is_captured_exactly(router_app, renderer):
+    # Claude Code 2.1's default beta puts a `role: "system"` message among `messages`
+    session = router_app.new_session(group_id="g-mid-system")
+    client = client_for(session)
+    start = len(router_app.engine_log)
+    note = {"role": "system", "content": [{"type": "text", "text": "The user prefers short answers."}]}
+    messages: list[dict] = [{"role": "user", "content": "what is 1 + 2?"}]
+    kw = {"model": "tiny", "system": "You add numbers.", "tools": TOOLS, "max_tokens": 6}
+    r = client.messages.create(messages=messages, **kw)
+    messages += [{"role": "assistant", "content": [b.model_dump() for b in r.content]}, note, answer(r.content)]
+    client.messages.create(messages=messages, **kw)
+    calls = engine_calls(router_app.engine_log[start:])
+    prompt = renderer.tokenizer.decode(calls[-1][0]["input_ids"], skip_special_tokens=False)
+    assert prompt.index("You add numbers.") < prompt.index("what is 1 + 2?") < prompt.index("short answers.")
+    r = httpx.post(
+        f"{router_app.url}/sessions/{session['session_id']}/finish", json={"reward": 1.0}, headers=router_app.admin
+    )
+    assert r.status_code == 200, r.text
+    (sample,) = router_app.store.samples(session["session_id"])
+    assert sample.split_reason is None
+    assert_exact_capture(sample, calls, renderer)
+    assert [t.segment_index for t in router_app.store.turns[session["session_id"]]] == [0, 0]
