@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from slimeish.buffer import BufferInputError, ConflictError, SessionFinishedError
+from slimeish.common.redact import redact
 from slimeish.router.engine_pool import (
     EngineError,
     EngineFailedMidStream,
@@ -108,7 +109,9 @@ _SERVED = (
 
 def as_api_error(e: Exception, method: str, path: str) -> APIError:
     """What the client is told about any exception a request raised; an unexpected one is a 500
-    whose details stay in the log, under an id the message gives."""
+    whose details stay in the log, under an id the message gives. Neither repeats the session key
+    of a `/s/<key>/` path: agents log their errors too."""
+    path = redact(path)
     if isinstance(e, HTTPException):
         return _from_http_exception(e, method, path)
     if (known := known_error(e)) is not None:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import gc
 import ipaddress
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import uvicorn
+import uvicorn.config
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slimeish.common.config import add_dataclass_args, from_namespace
+from slimeish.common.redact import RedactSecrets
 from slimeish.router.admin import admin
 from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
@@ -164,6 +168,19 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def log_config(access_log: bool) -> dict[str, Any]:
+    """uvicorn's logging, with the router's own loggers on its stderr handler and every handler
+    masking session keys (`RedactSecrets`): access lines and tracebacks carry `/s/<key>/` paths."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["filters"] = {"redact": {"()": RedactSecrets}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact"]
+    config["loggers"]["uvicorn.error"]["level"] = "WARNING"
+    config["loggers"]["uvicorn.access"]["level"] = "INFO" if access_log else "WARNING"
+    config["loggers"]["slimeish"] = {"handlers": ["default"], "level": "WARNING", "propagate": False}
+    return config
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="slimeish router",
@@ -185,4 +202,6 @@ def main(argv: list[str] | None = None) -> None:
         )
     # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
     app = create_app(config, freeze_gc=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_keep_alive=75)
+    uvicorn.run(
+        app, host=config.host, port=config.port, log_config=log_config(config.access_log), timeout_keep_alive=75
+    )
