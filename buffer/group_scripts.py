@@ -160,6 +160,23 @@ return 1
 )
 
 
+# The recovery scripts' shared reading of RecoverKeys: whether the group can still be filled, and
+# which of the (index, session id) pairs in ARGV, from ARGV[first], still hold their place.
+_HELD_MEMBERS = """
+local function open_and_trainable()
+  return redis.call('HGET', KEYS[1], 'state') == 'open' and redis.call('HGET', KEYS[1], 'trainable') ~= '0'
+end
+local function held_members(first)
+  local held = {}
+  for i = 1, #KEYS - 3 do
+    local index, sid = ARGV[first + 2 * (i - 1)], ARGV[first + 2 * (i - 1) + 1]
+    if redis.call('HGET', KEYS[2], index) == sid then held[#held + 1] = {index, KEYS[i + 3]} end
+  end
+  return held
+end
+"""
+
+
 # After the rollout side died: free the places of an open training group that can no longer be
 # filled, and answer every free index, for the caller to queue. Sessions still open are closed as
 # aborted and retired; sessions finished without a reward are retired too, since the process that
@@ -173,23 +190,20 @@ RECOVER = LuaScript(
     RecoverKeys,
     RecoverArgs,
     ABORT_MEMBER
+    + _HELD_MEMBERS
     + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
-  return {}
-end
+if not open_and_trainable() then return {} end
 local filled = {}
-for i = 1, #KEYS - 3 do
-  local index, sid = ARGV[2 * i], ARGV[2 * i + 1]
-  if redis.call('HGET', KEYS[2], index) == sid then
-    local status, reward = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'reward'))
-    if status == 'pending' then
-      abort_member(KEYS[2], index, KEYS[i + 3], KEYS[3], ARGV[1])
-    elseif status ~= 'failed' and reward == '' then
-      redis.call('HDEL', KEYS[2], index)
-      redis.call('HSET', KEYS[i + 3], 'retired_at', ARGV[1])
-    else
-      filled[tonumber(index)] = true
-    end
+for _, held in ipairs(held_members(2)) do
+  local index, member = held[1], held[2]
+  local status, reward = unpack(redis.call('HMGET', member, 'status', 'reward'))
+  if status == 'pending' then
+    abort_member(KEYS[2], index, member, KEYS[3], ARGV[1])
+  elseif status ~= 'failed' and reward == '' then
+    redis.call('HDEL', KEYS[2], index)
+    redis.call('HSET', member, 'retired_at', ARGV[1])
+  else
+    filled[tonumber(index)] = true
   end
 end
 local free = {}
@@ -214,19 +228,16 @@ RECOVER_OWNED = LuaScript(
     RecoverKeys,
     RecoverOwnedArgs,
     ABORT_MEMBER
+    + _HELD_MEMBERS
     + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'trainable') == '0' then
-  return {}
-end
+if not open_and_trainable() then return {} end
 local free = {}
-for i = 1, #KEYS - 3 do
-  local index, sid = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  if redis.call('HGET', KEYS[2], index) == sid then
-    local status, owner = unpack(redis.call('HMGET', KEYS[i + 3], 'status', 'owner'))
-    if status == 'pending' and owner == ARGV[2] then
-      abort_member(KEYS[2], index, KEYS[i + 3], KEYS[3], ARGV[1])
-      free[#free + 1] = tonumber(index)
-    end
+for _, held in ipairs(held_members(3)) do
+  local index, member = held[1], held[2]
+  local status, owner = unpack(redis.call('HMGET', member, 'status', 'owner'))
+  if status == 'pending' and owner == ARGV[2] then
+    abort_member(KEYS[2], index, member, KEYS[3], ARGV[1])
+    free[#free + 1] = tonumber(index)
   end
 end
 return free
