@@ -71,11 +71,11 @@ class SequenceRequest:
     seed: int | None
     return_logprob: bool
     return_text_in_logprobs: bool
-    return_routed_experts: bool = False  # MoE: meta_info.routed_experts, as SGLang's flag of that name
     max_new_tokens: int = 0  # resolved: max_new_tokens, or what the context leaves
     # resolved logprob_start_len: input positions >= it get `input_token_logprobs`; len(input_ids)
     # (SGLang's default, -1, with return_logprob) means none
     logprob_start: int | None = None
+    return_routed_experts: bool = False  # MoE: meta_info.routed_experts, as SGLang's flag of that name
 
     @property
     def prompt_logprob_start(self) -> int:

@@ -253,8 +253,9 @@ class Scheduler:
         if seq.finished:
             return
         seq.finish_reason = reason
-        if seq.req.return_routed_experts:
-            # every token a forward ran on: the prompt and the output but its last token
+        if seq.req.return_routed_experts and seq.kv_len == len(seq.req.input_ids) + len(seq.output_ids) - 1:
+            # every token a forward ran on: the prompt and the output but its last token (an abort
+            # in the middle of a prefill has no such rows, and answers without routes)
             seq.routed_experts = self.runner.routed_experts(seq.pages, seq.kv_len)
         seq.text = self.decode(seq)
         matched = reason.get("matched")
