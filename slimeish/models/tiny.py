@@ -233,10 +233,18 @@ def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.Pret
     if arch == "llama":
         return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
     if arch == "qwen3_moe":
-        moe = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
-                   moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=True,
-                   decoder_sparse_step=1, mlp_only_layers=[])  # fmt: skip
-        return Qwen3MoeConfig(**common, **moe, head_dim=cfg.hidden_size // cfg.num_heads, attention_bias=False)
+        # head_dim is not a parameter of Qwen3MoeConfig, but Qwen3-MoE checkpoints carry it (and
+        # the attention reads it): passed through as an extra key, as from_pretrained does
+        moe: dict[str, Any] = {
+            "num_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.experts_per_token,
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "head_dim": cfg.hidden_size // cfg.num_heads,
+        }
+        return Qwen3MoeConfig(**common, **moe, attention_bias=False)
     return Qwen3Config(**common, head_dim=cfg.hidden_size // cfg.num_heads, attention_bias=False)
 
 

@@ -65,7 +65,8 @@ def test_the_tiny_model_has_qwen3_moe_config_keys(moe_model):
     config = json.loads((moe_model / "config.json").read_text())
     assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["model_type"] == "qwen3_moe"
     expected = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
-                "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False}  # fmt: skip
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "head_dim": 16,
+                "tie_word_embeddings": False}  # fmt: skip
     assert {k: config[k] for k in expected} == expected
     assert "num_local_experts" not in config
 
