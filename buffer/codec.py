@@ -24,7 +24,7 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict[str, Any])  # a stored turn or sample header: a map of fields
 I32, F32 = np.dtype("<i4"), np.dtype("<f4")
 _TURN_ARRAYS = {"prompt_ids": I32, "output_ids": I32, "output_logprobs": F32}
-_SAMPLE_ARRAYS = ("tokens", "loss_mask", "rollout_log_probs")
+_SAMPLE_ARRAYS = ("tokens", "loss_mask", "rollout_log_probs", "rollout_routed_experts")
 
 
 def encode_turn(turn: PackedTurn) -> bytes:

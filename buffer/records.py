@@ -58,6 +58,10 @@ class Turn:
     # the line of segments this turn's segment belongs to: the agent (system prompt + tools) that
     # sent it, numbered in order of appearance; a sub-agent's turns have their own line
     lineage: int = 0
+    # MoE routing replay: the engine's expert ids for this turn's tokens (prompt_ids + output_ids,
+    # less the last output token, plus the previous turn's last output token when it continues a
+    # segment), int16 bytes in (token, layer, top-k) order (slimeish.common.routed_experts)
+    routed_experts: bytes | None = None
 
     def validate(self) -> None:
         """Raise BufferInputError if the arrays of this turn disagree."""
@@ -77,6 +81,10 @@ class Turn:
             raise BufferInputError(f"{where}: parse_failure must be None or a non-empty reason")
         if isinstance(self.tool_calls, bool) or not isinstance(self.tool_calls, int) or self.tool_calls < 0:
             raise BufferInputError(f"{where}: tool_calls must be a count >= 0, got {self.tool_calls!r}")
+        if self.routed_experts is not None and (
+            not isinstance(self.routed_experts, bytes) or len(self.routed_experts) % 2
+        ):
+            raise BufferInputError(f"{where}: routed_experts must be int16 bytes")
         if self.output_ids and not self.weight_versions:
             raise BufferInputError(f"{where}: output_ids need the weight_versions that produced them")
         logprobs = _array(self.output_logprobs, np.float64, where, "output_logprobs")
@@ -98,6 +106,7 @@ class Turn:
             parse_failure=self.parse_failure,
             tool_calls=self.tool_calls,
             lineage=self.lineage,
+            routed_experts=self.routed_experts,
         )
 
 
@@ -137,6 +146,7 @@ class PackedTurn:
     parse_failure: str | None = None  # defaults: a turn stored before these fields decodes as parsed
     tool_calls: int = 0
     lineage: int = 0
+    routed_experts: bytes | None = None
 
     def to_turn(self) -> Turn:
         return Turn(
@@ -155,6 +165,7 @@ class PackedTurn:
             self.parse_failure,
             self.tool_calls,
             self.lineage,
+            self.routed_experts,
         )
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from slimeish.buffer.errors import BufferInputError
 from slimeish.buffer.records import PackedTurn
+from slimeish.common.routed_experts import join_turn_rows
 from slimeish.common.sample import TEACHER_LOG_PROBS, Sample
 
 # The metadata key of a sample's tool-call parse outcome over its turns (see `tool_parse`).
@@ -42,6 +43,8 @@ class PackedSample:
     split_reason: str | None
     # an OPD teacher's log-prob per response token (float32 bytes), given at finish; None without
     teacher_log_probs: bytes | None = None
+    # base64 int32 expert ids of tokens[:-1] (Sample.rollout_routed_experts), rebuilt from the turns
+    rollout_routed_experts: str | None = None
 
     def to_sample(self, reward: float | None) -> Sample:
         teacher = self.teacher_log_probs
@@ -56,6 +59,7 @@ class PackedSample:
             status=Sample.Status(self.status),
             metadata=self.metadata,
             teacher_log_probs=None if teacher is None else np.frombuffer(teacher, "<f4").tolist(),
+            rollout_routed_experts=self.rollout_routed_experts,
             reward=reward,
             session_id=self.session_id,
             segment_index=self.segment_index,
@@ -116,7 +120,14 @@ def build_sample(
         session_id=first.session_id,
         segment_index=first.segment_index,
         split_reason=first.split_reason,
+        rollout_routed_experts=_routes(segment),
     )
+
+
+def _routes(segment: list[PackedTurn]) -> str | None:
+    """The segment's routed experts, when every turn of it recorded them."""
+    parts = [turn.routed_experts for turn in segment if turn.routed_experts is not None]
+    return join_turn_rows(parts) if len(parts) == len(segment) else None
 
 
 def tool_parse(segment: list[PackedTurn]) -> dict[str, Any] | None:

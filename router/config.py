@@ -24,6 +24,11 @@ class RouterConfig:
         "a new segment where it does not extend what was sampled), auto (the family's choice: sampled)",
     )
     engine: list[str] = help_field([], help="engine base URL (SGLang protocol, or an SGLang/smg router); repeatable")
+    return_routed_experts: bool = help_field(
+        False,
+        help="MoE: ask the engines for each token's experts (SGLang's return_routed_experts; an SGLang server needs "
+        "--enable-return-routed-experts) and store them with the turns, for the trainer's routing replay",
+    )
     buffer_url: str | None = help_field(None, help="redis:// URL of the data buffer; without it turns stay in memory")
     run_id: str = help_field("default", help="run id under which the buffer stores this run")
     router_id: str = help_field(

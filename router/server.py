@@ -66,7 +66,7 @@ def _build_state(config: RouterConfig, store: TurnStore, client: aiohttp.ClientS
         sessions=SessionRegistry(renderer, config.keep_finished, next_turn_prompt(config, renderer)),
         pool=pool,
         store=store,
-        runner=TurnRunner(pool, store, metrics),
+        runner=TurnRunner(pool, store, metrics, routed_experts=config.return_routed_experts),
         metrics=metrics,
         model_name=config.served_model_name or config.model.name,
         context_length=config.context_length or renderer.context_length,

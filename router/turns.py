@@ -16,6 +16,7 @@ from typing import Any
 
 from slimeish.buffer import SessionFinishedError, Turn
 from slimeish.common.finish import finish_type
+from slimeish.common.routed_experts import new_token_rows
 from slimeish.router.capture import TurnPlan
 from slimeish.router.engine_pool import EnginePool
 from slimeish.router.history import PARALLEL_CHOICE
@@ -45,6 +46,8 @@ class Generation:
     raw: dict[str, Any]  # the engine's reply as it came, which token-in /generate answers verbatim
     matched_stop: str | None = None  # the stop string that ended it, if one did
     top_logprobs: list[list[list[Any]] | None] | None = None  # SGLang's output_top_logprobs, when asked
+    routed_experts: str | None = None  # SGLang's meta_info.routed_experts (MoE), when asked
+    forwarded: int = 0  # tokens the engine ran a forward on: its input and output but the last
     # set when the reply is parsed for the agent (`pipeline.assistant_message`), recorded with the turn
     parse_failure: str | None = None  # "malformed" | "truncated": its tool-call markup did not parse
     tool_calls: int = 0  # calls parsed from it
@@ -78,18 +81,24 @@ def parse_generation(item: dict[str, Any], engine: str) -> Generation:
         raw=item,
         matched_stop=_matched_stop(meta),
         top_logprobs=meta.get("output_top_logprobs"),
+        routed_experts=meta.get("routed_experts"),
+        forwarded=int(meta.get("prompt_tokens") or 0) + len(ids) - 1,
     )
 
 
 class TurnRunner:
-    def __init__(self, pool: EnginePool, store: TurnStore, metrics: RouterMetrics):
+    def __init__(self, pool: EnginePool, store: TurnStore, metrics: RouterMetrics, *, routed_experts: bool = False):
         self.pool, self.store, self.metrics = pool, store, metrics
+        # every engine request asks for the experts of each token (MoE routing replay)
+        self.asked = (
+            {"return_logprob": True, "return_routed_experts": True} if routed_experts else {"return_logprob": True}
+        )
 
     async def generate(
         self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
     ) -> list[Generation]:
         """Generate `sampling["n"]` continuations on one engine (the session's, if healthy)."""
-        payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
+        payload = {"input_ids": input_ids, "sampling_params": sampling, **self.asked, **extra}
         sticky = session.engine if session else None
         data, engine = await self.pool.generate(payload, sticky)
         if session is not None and session.engine != engine.url:
@@ -103,7 +112,7 @@ class TurnRunner:
         self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
     ) -> AsyncIterator[tuple[JSONObject, str]]:
         """Like `generate`, streamed: (SGLang chunk, engine URL) pairs."""
-        payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, **extra}
+        payload = {"input_ids": input_ids, "sampling_params": sampling, **self.asked, **extra}
         sticky = session.engine if session else None
         async for chunk, engine in self.pool.stream(payload, sticky):
             if session is not None and session.engine != engine.url:
@@ -194,6 +203,9 @@ class TurnRunner:
             finished_at=time.time(),
             parse_failure=gen.parse_failure,
             tool_calls=gen.tool_calls,
+            routed_experts=None
+            if gen.routed_experts is None
+            else new_token_rows(gen.routed_experts, gen.forwarded, len(committed.prompt_ids) + len(gen.output_ids)),
         )
 
     async def confirm(self, session: Session) -> None:

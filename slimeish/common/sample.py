@@ -62,6 +62,9 @@ class Sample:
     rollout_top_p_token_ids: list[int] | None = None  # top-p replay: ids kept for response token i are
     rollout_top_p_token_offsets: list[int] | None = None  # ids[offsets[i]:offsets[i + 1]]
     teacher_log_probs: list[float] | None = None
+    # MoE routing replay: the experts the engine routed tokens[:-1] to, as the engine's
+    # meta_info.routed_experts (base64 int32, token x layer x top-k; slimeish.common.routed_experts)
+    rollout_routed_experts: str | None = None
     remove_sample: bool = False
     rollout_id: int | None = None  # siblings split from one execution share it
     generate_function_path: str | None = None

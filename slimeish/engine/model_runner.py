@@ -1,7 +1,7 @@
 """The model runner: a Hugging Face causal LM plus a paged KV cache, one forward per call.
 
 The model's own modules run the forward (embedding, decoder layers, rotary, norm, head), so any
-Llama / Qwen2 / Qwen3 checkpoint works unchanged. Two things are ours:
+Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint works unchanged. Two things are ours:
 
 * `PagedKV` replaces HF's cache: per layer one pool of token slots `[slots, kv_heads, head_dim]`,
   handed out in pages (`kv_cache.PagePool` keeps the books). A sequence's KV is wherever its page
@@ -22,7 +22,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-_SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
+from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
+
+_SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 # prompt positions per lm-head call when prompt log-probs are asked for (bounds the logits held at once)
 _LOGPROB_CHUNK = 256
 
@@ -85,6 +87,7 @@ class ModelRunner:
         self.context_length = min(context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.kv_bytes_per_token = kv_bytes_per_token(cfg, self.model.dtype)
         self.cache: PagedKV | None = None
+        self.routes: RouteRecorder | None = None  # MoE models: the experts each KV slot's token took
         self.page_size = self._pad_page = 0  # set by allocate_kv
 
     def allocate_kv(self, num_pages: int, page_size: int) -> None:
@@ -100,6 +103,9 @@ class ModelRunner:
         )  # fmt: skip
         self._offsets = torch.arange(page_size, device=self.device)
         self._pad_page = num_pages
+        if routers := moe_routers(self.model):
+            assert self.routes is None, "allocate_kv once: the routers' hooks are registered here"
+            self.routes = RouteRecorder(routers, (num_pages + 1) * page_size, cfg.num_experts_per_tok, self.device)
         self.clear_pages([num_pages])
 
     def clear_pages(self, pages: list[int]) -> None:
@@ -137,6 +143,8 @@ class ModelRunner:
         kv_len = table.shape[1] * self.page_size  # whole pages: the mask hides the positions past each query
         write = table.gather(1, positions // self.page_size) * self.page_size + positions % self.page_size
         self.cache._set_step(write.flatten(), table)
+        if self.routes is not None:
+            self.routes.write = self.cache.write
         # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
         # Additive, built once: SDPA would otherwise turn a boolean mask into this in every layer.
         masked = (torch.arange(kv_len, device=self.device) > positions[:, :, None])[:, None]
@@ -174,6 +182,15 @@ class ModelRunner:
             out += torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0].tolist()
         return out
 
+    def routed_experts(self, pages: list[int], length: int) -> torch.Tensor:
+        """`[length, moe_layers, top_k]` int32: the experts positions `0 .. length-1` of the
+        sequence whose KV lives in `pages` were routed to."""
+        assert self.routes is not None, "not a Mixture-of-Experts model"
+        positions = torch.arange(length, device=self.device)
+        table = torch.tensor(pages, device=self.device, dtype=torch.long)
+        slots = table[positions // self.page_size] * self.page_size + positions % self.page_size
+        return self.routes.rows(slots)
+
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         # one sequence of ids decodes to one string (the stub's list[str] is for batched input)
         return cast(str, self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
@@ -193,14 +210,16 @@ class ModelRunner:
 
     def _copy_in(self, tensors: dict[str, torch.Tensor]) -> int:
         params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
-        unknown = sorted(set(tensors) - set(params))
+        targets = {name: params[name] if name in params else expert_target(name, params) for name in tensors}
+        unknown = sorted(name for name, target in targets.items() if target is None)
         if unknown:
             raise ValueError(f"unknown parameter names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+        found = {name: target for name, target in targets.items() if target is not None}
         for name, tensor in tensors.items():
-            if params[name].shape != tensor.shape:
-                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(params[name].shape)}")
+            if found[name].shape != tensor.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(found[name].shape)}")
         for name, tensor in tensors.items():
-            params[name].copy_(tensor)
+            found[name].copy_(tensor)
         return len(tensors)
 
 

@@ -75,6 +75,7 @@ class SequenceRequest:
     # resolved logprob_start_len: input positions >= it get `input_token_logprobs`; len(input_ids)
     # (SGLang's default, -1, with return_logprob) means none
     logprob_start: int | None = None
+    return_routed_experts: bool = False  # MoE: meta_info.routed_experts, as SGLang's flag of that name
 
     @property
     def prompt_logprob_start(self) -> int:
@@ -127,6 +128,7 @@ class Limits:
     vocab_size: int
     context_length: int
     max_sequences: int = 256  # per request: prompts x n
+    moe: bool = False  # the model routes tokens to experts (return_routed_experts is answerable)
 
 
 def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRequest], bool, bool]:
@@ -145,8 +147,12 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
     starts = _per_prompt(body.get("logprob_start_len"), len(prompts), is_batch, "logprob_start_len")
     stream = body.get("stream", False)
     text_in_logprobs = body.get("return_text_in_logprobs") or False
+    routed = _per_prompt(body.get("return_routed_experts"), len(prompts), is_batch, "return_routed_experts")
     _check_type("stream", [stream], bool)
     _check_type("return_text_in_logprobs", [text_in_logprobs], bool)
+    _check_type("return_routed_experts", routed, bool)
+    if any(routed) and not limits.moe:
+        raise RequestError("return_routed_experts needs a Mixture-of-Experts model; this one is dense")
     _check_type("return_logprob", logprob, bool)
     _check_type("rid", rids, str)
     _check_type("logprob_start_len", starts, int)
@@ -173,6 +179,7 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
                     seed=None if p.sampling_seed is None else p.sampling_seed + j,
                     return_logprob=want_logprob,
                     return_text_in_logprobs=text_in_logprobs,
+                    return_routed_experts=bool(routed[i]),
                     max_new_tokens=limits.context_length - len(ids) if p.max_new_tokens is None else p.max_new_tokens,
                     logprob_start=start,
                 )

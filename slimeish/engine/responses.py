@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from slimeish.common.routed_experts import encode_routed_experts
+
 if TYPE_CHECKING:
     from slimeish.engine.scheduler import Scheduler, Sequence
 
@@ -29,6 +31,8 @@ def render(seq: Sequence, sched: Scheduler, *, index: int | None, text: str | No
         texts = [_token_text(sched, t) for t in ids] if seq.req.return_text_in_logprobs else [None] * len(ids)
         meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(seq.logprobs, ids, texts, strict=True)]
         meta["input_token_logprobs"] = _input_logprobs(seq, sched)
+    if seq.routed_experts is not None:
+        meta["routed_experts"] = encode_routed_experts(seq.routed_experts)
     out: dict[str, Any] = {"text": seq.text if text is None else text, "output_ids": ids, "meta_info": meta}
     if index is not None:
         out["index"] = index

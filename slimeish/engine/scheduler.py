@@ -55,6 +55,7 @@ class Sequence:
     kv_len: int = 0  # positions whose KV is written (or came from the prefix cache)
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     epoch: int = 0  # the prefix cache's epoch when admitted: KV from an older one is never shared
+    routed_experts: torch.Tensor | None = None  # at the end, if asked: [kv_len, moe_layers, top_k]
 
     @property
     def prefilling(self) -> bool:
@@ -252,6 +253,10 @@ class Scheduler:
         if seq.finished:
             return
         seq.finish_reason = reason
+        if seq.req.return_routed_experts and seq.kv_len == len(seq.req.input_ids) + len(seq.output_ids) - 1:
+            # every token a forward ran on: the prompt and the output but its last token (an abort
+            # in the middle of a prefill has no such rows, and answers without routes)
+            seq.routed_experts = self.runner.routed_experts(seq.pages, seq.kv_len)
         seq.text = self.decode(seq)
         matched = reason.get("matched")
         if isinstance(matched, str) and not seq.req.params.no_stop_trim:

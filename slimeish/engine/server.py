@@ -74,7 +74,8 @@ class Engine:
             prefix_cache=not cfg.disable_radix_cache,
         )  # fmt: skip
         self.scheduler = Scheduler(self.runner, sched_cfg, weight_version=cfg.weight_version)
-        self.limits = Limits(self.runner.vocab_size, self.runner.context_length, cfg.max_request_sequences)
+        moe = self.runner.routes is not None
+        self.limits = Limits(self.runner.vocab_size, self.runner.context_length, cfg.max_request_sequences, moe=moe)
         self.model_name = cfg.served_model_name or cfg.model
 
     def tokenize(self, text: str) -> list[int]:

@@ -6,7 +6,9 @@ the chat template and special tokens of a model family (`--family`: slimeish's C
 template, Qwen3's own with reasoning, Qwen3-Coder's own with XML calls, GLM-4.5's own with
 reasoning and <arg_key>/<arg_value> calls, Llama 3.2's own with JSON calls, DeepSeek-V3-0324's own
 with calls in a section of special tokens), and a randomly
-initialised Qwen2, Llama or Qwen3 model from `transformers`. The result is a directory that
+initialised Qwen2, Llama, Qwen3 or Qwen3-MoE model from `transformers` (`--arch qwen3_moe`: every
+layer sparse, `--num-experts` experts of width `--moe-intermediate-size`, `--experts-per-token`
+routed per token, top-k weights renormalised as Qwen3-30B-A3B has them). The result is a directory that
 `from_pretrained` loads exactly like a real checkpoint, so every loader in slimeish is exercised
 on the real code path.
 """
@@ -22,7 +24,7 @@ from typing import Any, Literal
 
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
-Arch = Literal["qwen2", "llama", "qwen3"]
+Arch = Literal["qwen2", "llama", "qwen3", "qwen3_moe"]
 Family = Literal["chatml", "qwen3", "qwen3-coder", "glm-4.5", "llama3", "deepseek-v3"]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -120,6 +122,9 @@ class TinyModelConfig:
     max_position_embeddings: int = help_field(4096, help="context length")
     rope_theta: float = help_field(10000.0, help="RoPE base")
     tie_word_embeddings: bool | None = help_field(None, help="tie input/output embeddings (default: per family)")
+    num_experts: int = help_field(4, help="qwen3_moe: routed experts per layer")
+    experts_per_token: int = help_field(2, help="qwen3_moe: experts each token is routed to (num_experts_per_tok)")
+    moe_intermediate_size: int = help_field(32, help="qwen3_moe: each expert's MLP width")
     seed: int = help_field(0, help="seed for the corpus and the weights")
 
 
@@ -203,10 +208,11 @@ def build_tokenizer(cfg: TinyModelConfig):  # -> PreTrainedTokenizerFast
 
 
 def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.PretrainedConfig
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     arch = cfg.arch or FAMILY_ARCH[cfg.family]
-    tie = cfg.tie_word_embeddings if cfg.tie_word_embeddings is not None else arch != "llama"
+    # Llama 3.2 1B ties, Qwen3-30B-A3B does not (the families' published small checkpoints)
+    tie = cfg.tie_word_embeddings if cfg.tie_word_embeddings is not None else arch not in ("llama", "qwen3_moe")
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -226,6 +232,19 @@ def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.Pret
         return Qwen2Config(**common)
     if arch == "llama":
         return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+    if arch == "qwen3_moe":
+        # head_dim is not a parameter of Qwen3MoeConfig, but Qwen3-MoE checkpoints carry it (and
+        # the attention reads it): passed through as an extra key, as from_pretrained does
+        moe: dict[str, Any] = {
+            "num_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.experts_per_token,
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "head_dim": cfg.hidden_size // cfg.num_heads,
+        }
+        return Qwen3MoeConfig(**common, **moe, attention_bias=False)
     return Qwen3Config(**common, head_dim=cfg.hidden_size // cfg.num_heads, attention_bias=False)
 
 
@@ -246,6 +265,7 @@ def make_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> 
         eos_token_id=stops if len(stops) > 1 else stops[0], pad_token_id=tokenizer.pad_token_id, do_sample=True
     )
     model.save_pretrained(out, safe_serialization=True)
+    _publish_config_keys(out)
     tokenizer.save_pretrained(out)
     _inline_chat_template(out, tokenizer.chat_template)
     return out
@@ -255,6 +275,16 @@ def ensure_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -
     """`out_dir` if a model is already there (an earlier run), else a new tiny model written there."""
     out = Path(out_dir)
     return out if (out / "config.json").exists() else make_tiny_model(out, cfg)
+
+
+def _publish_config_keys(out: Path) -> None:
+    """Write config.json with the keys the family's published checkpoints use: transformers v5
+    saves Qwen3-MoE's `num_experts` under its internal alias `num_local_experts` (it reads both)."""
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("model_type") == "qwen3_moe" and "num_local_experts" in config:
+        config["num_experts"] = config.pop("num_local_experts")
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _inline_chat_template(out: Path, template: str) -> None:

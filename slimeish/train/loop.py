@@ -55,11 +55,15 @@ def run(setup: TrainSetup) -> None:
 def launcher(setup: TrainSetup, run_id: str) -> contextlib.AbstractContextManager[RunningStack]:
     """The local launcher (children of this process), or the Ray one (`--launcher ray`)."""
     model, run_dir, sync = setup.trainer.model_path, setup.run.run_dir, setup.run.weight_sync
+    routes = setup.trainer.use_rollout_routing_replay  # the routers must record what the trainer replays
     if setup.cluster.launcher == "ray":
         from slimeish.cluster.launch import RayStack  # Ray is an optional dependency
 
-        return RayStack(setup.stack, setup.cluster, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync)
-    return Stack(setup.stack, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync)
+        return RayStack(
+            setup.stack, setup.cluster, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync,
+            routed_experts=routes,
+        )  # fmt: skip
+    return Stack(setup.stack, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync, routed_experts=routes)
 
 
 async def supervised(training: Coroutine[Any, Any, None], stack: RunningStack) -> None:

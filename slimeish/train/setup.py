@@ -284,7 +284,6 @@ SLIME_ARGS: dict[str, Any] = {
     "rollout_global_dataset": True,
     "group_rm": False,
     "ci_test": False,
-    "use_rollout_routing_replay": False,
 }
 
 

@@ -313,8 +313,7 @@ _refuse_all(
         "--enable-mtp-training",
         "--reset-optimizer-states",
         "--use-stateless-adam",
-        "--use-routing-replay",
-        "--use-rollout-routing-replay",
+        "--use-routing-replay",  # record-then-replay between slime's own passes; R3 is the native flag below
         "--use-precision-aware-optimizer",
         "--use-opsm",
     ],

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from slimeish.common.routed_experts import decode_routed_experts
 from slimeish.common.sample import Sample
 
 
@@ -27,9 +28,13 @@ class MicroBatch:
     advantages: Tensor  # [b, R] the sample's advantage on every response position
     has_rollout: Tensor  # [b] bool, whether the sample carries rollout_log_probs
     teacher_log_probs: Tensor  # [b, R] an OPD teacher's log-probs of the response tokens (0 where missing)
+    # [b, L, moe_layers * top_k] the engine's expert ids per token (-1 where not recorded); None: no sample has them
+    routed_experts: Tensor | None = None
 
     def to(self, device: torch.device) -> MicroBatch:
-        return MicroBatch(indices=self.indices, **{k: getattr(self, k).to(device) for k in _TENSORS})
+        routes = None if self.routed_experts is None else self.routed_experts.to(device)
+        tensors = {k: getattr(self, k).to(device) for k in _TENSORS}
+        return MicroBatch(indices=self.indices, routed_experts=routes, **tensors)
 
     @property
     def num_tokens(self) -> int:
@@ -89,7 +94,27 @@ def _collate(samples: list[Sample], indices: list[int], advantages: Tensor) -> M
         advantages=_per_token(advantages.float(), resp_len),
         has_rollout=torch.tensor([s.rollout_log_probs is not None for s in samples]),
         teacher_log_probs=teacher,
+        routed_experts=_routes(samples, seq_len),
     )
+
+
+def _routes(samples: list[Sample], seq_len: int) -> Tensor | None:
+    """The samples' recorded routes, right-padded with -1 (the token none was recorded for, the
+    last one, gets -1 too: its routing only shapes the logits after the sequence)."""
+    if all(s.rollout_routed_experts is None for s in samples):
+        return None
+    rows = [
+        None if s.rollout_routed_experts is None else decode_routed_experts(s.rollout_routed_experts, len(s.tokens) - 1)
+        for s in samples
+    ]
+    widths = {r.shape[1] for r in rows if r is not None}
+    if len(widths) != 1:
+        raise ValueError(f"samples carry routed experts of different widths {sorted(widths)} (layers x top-k)")
+    out = torch.full((len(samples), seq_len, widths.pop()), -1, dtype=torch.long)
+    for row, r in enumerate(rows):
+        if r is not None:
+            out[row, : len(r)] = r
+    return out
 
 
 def _per_token(advantages: Tensor, resp_len: int) -> Tensor:

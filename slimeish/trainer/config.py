@@ -153,6 +153,11 @@ class TrainerConfig:
     adam_eps: float = help_field(1e-8, help="AdamW epsilon")
     clip_grad: float = help_field(1.0, help="max global gradient norm (0: no clipping)")
     micro_batch_tokens: int = help_field(4096, help="max tokens per micro-batch (padding included)")
+    use_rollout_routing_replay: bool = help_field(
+        False,
+        help="MoE routing replay (R3, slime's flag): every forward routes each token to the experts the engine "
+        "routed it to (Sample.rollout_routed_experts, which the router records), with the trainer's own scores",
+    )
     global_batch_size: int | None = help_field(
         None, help="samples per optimizer step; a train_step batch must be a multiple (unset: one step per call)"
     )

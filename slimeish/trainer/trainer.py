@@ -44,6 +44,7 @@ from slimeish.trainer.optimizer import (
     wrap_gpu_model,
 )
 from slimeish.trainer.rollout_data import custom_advantages, load_advantage_function, load_postprocess, postprocess
+from slimeish.trainer.routing_replay import ModelRouting
 
 
 class Trainer:
@@ -69,6 +70,9 @@ class Trainer:
         # Converted once: the policy and the KL reference start from the same weights.
         weights = hf_to_megatron(hf_io.read_hf_weights(config.model_path), self.shape)
         self.model = self._build(weights)
+        # MoE: every router consults this for its top-k (the routing-mismatch metric, and R3)
+        replay = config.use_rollout_routing_replay
+        self.routing = ModelRouting(self.model, replay=replay) if self.shape.num_experts else None
         self.reference = self._build(weights).requires_grad_(False).eval() if self.loss_config.kl_coef > 0 else None
         # On GPU the model runs through Megatron's DDP wrapper (Any: Megatron ships no annotations),
         # which owns the gradient buffers and their all-reduce.
@@ -114,7 +118,7 @@ class Trainer:
         if self.hooks.before_log_prob is not None:
             self.hooks.before_log_prob(self.args, self.model, "")
         for mb in pack_micro_batches(samples, self.config.micro_batch_tokens):
-            log_p, _ = response_log_probs(self.model, mb.to(self.device), self.shape.vocab_size)
+            log_p, _ = self._log_probs(mb.to(self.device))
             for row, i in enumerate(mb.indices):
                 out[i] = log_p[row, : samples[i].response_length].tolist()
         return out
@@ -197,6 +201,8 @@ class Trainer:
             metrics["rollout_logprob_abs_diff_max"] = sums["_abs_diff_max"]
         if self.shape.num_experts:
             metrics["moe_aux_loss"] = moe_aux_loss(self.shape.num_layers, max(len(micro_batches), 1))
+        if self.routing is not None:
+            metrics.update(self.routing.take_mismatch())
         self.state.step += 1
         return metrics
 
@@ -210,9 +216,15 @@ class Trainer:
         all_reduce_data_parallel([total])
         return max(total.item(), 1.0)
 
+    def _log_probs(self, mb: MicroBatch) -> tuple[Tensor, Tensor]:
+        """The policy's `response_log_probs`, its MoE routers told the micro-batch's recorded routes."""
+        if self.routing is not None:
+            self.routing.set_routes(mb.routed_experts)
+        return response_log_probs(self.model, mb, self.shape.vocab_size)
+
     def _micro_batch(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
         cfg, mask = self.loss_config, mb.loss_mask
-        log_p, entropy = response_log_probs(self.model, mb, self.shape.vocab_size)
+        log_p, entropy = self._log_probs(mb)
         trainer_old = log_p.detach() if old_mb is None else old_mb.to(self.device)
         old = mb.rollout_log_probs if cfg.old_log_probs == "rollout" else trainer_old
         advantages = mb.advantages

@@ -6,10 +6,12 @@ from dataclasses import replace
 
 import msgspec
 import pytest
+import torch
 
 from slimeish.buffer import BufferInputError, Turn
 from slimeish.buffer.codec import decode_sample_header, decode_turn, encode_sample_header, encode_turn
 from slimeish.buffer.segments import assemble, build_samples, check_next_turn
+from slimeish.common.routed_experts import decode_routed_experts, encode_routed_experts, new_token_rows
 from slimeish.common.sample import Sample
 from tests.buffer.buffer_helpers import turn
 
@@ -137,3 +139,24 @@ def test_teacher_log_probs_given_at_finish_are_stored_per_segment_as_float32():
     assert [s.teacher_log_probs for s in rebuilt] == [[-0.5, -1.25], [-2.0]]
     assert all(s.metadata == {"k": 1} for s in rebuilt)
     assert [s.teacher_log_probs for s in samples(turns)] == [None, None]  # none given: none stored
+
+
+def test_routed_experts_of_a_segments_turns_join_into_the_samples_rows_through_the_codec():
+    """Each turn stores the rows of its new tokens (int16); the sample gets every token's but the
+    last, as the engine's base64 int32 `routed_experts` would give them for the whole sequence."""
+    tokens = [10, 11, 12, 20, 21, 30, 31, 40]  # turn 0: prompt 3 + output 2; turn 1: tail 2 + output 1
+    full = torch.arange(7 * 4).reshape(7, 2, 2) % 8  # the engine's rows for tokens[:-1]: 2 layers x top-2
+    first = new_token_rows(encode_routed_experts(full[:4]), 4, 5)  # turn 0 forwarded 3 + 2 - 1 tokens
+    second = new_token_rows(encode_routed_experts(full), 7, 3)  # turn 1 forwarded its 7-token input
+    turns = [
+        Turn("s", 0, 0, None, [10, 11, 12], [20, 21], [-0.1, -0.2], [3], routed_experts=first),
+        Turn("s", 1, 0, None, [30, 31], [40], [-0.4], [3], routed_experts=second),
+    ]
+    stored = [decode_turn(encode_turn(t.pack())) for t in turns]
+    (built,) = build_samples(stored, status="completed", index=0, group_index=0, metadata={})
+    sample = built.to_sample(None)
+    assert sample.tokens == tokens
+    assert torch.equal(decode_routed_experts(sample.rollout_routed_experts, len(tokens) - 1), full.reshape(7, 4))
+    without = [turns[0], replace(turns[1], routed_experts=None)]
+    assert samples(without)[0].rollout_routed_experts is None  # one turn without rows: no routes at all
+    assert new_token_rows(encode_routed_experts(full.flatten()[:10]), 4, 5) is None  # ids that fit no 4 rows

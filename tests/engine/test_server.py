@@ -184,6 +184,8 @@ def test_abort_request_finishes_with_abort(client):
         ({"text": "hi", "stream": "yes"}, "stream"),
         ({"input_ids": PROMPT, "sampling_params": {"n": 3000}}, "at most 256 per request"),
         ({"input_ids": [PROMPT] * 200, "sampling_params": {"n": 2}}, "asks for 400 sequences"),
+        ({"input_ids": PROMPT, "return_routed_experts": True}, "needs a Mixture-of-Experts model"),
+        ({"input_ids": PROMPT, "return_routed_experts": "yes"}, "return_routed_experts must be a bool"),
     ],
 )
 def test_bad_input_is_a_400_and_the_server_stays_healthy(client, body, needle):

@@ -78,3 +78,13 @@ async def half_second(args, sample):
     """Scores every sample after 0.5 s: sessions stay open long enough for a fault to hit them."""
     await asyncio.sleep(0.5)
     return await first_token_parity(args, sample)
+
+
+async def two_turn_chat_agent(client, sample):
+    """An `openai` SDK agent that answers, is asked again, answers again (a two-turn episode);
+    scored by the parity of its answers' length, so rewards differ within a group."""
+    messages = list(sample.prompt)
+    for _ in range(2):
+        completion = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+        messages += [completion.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+    return float(len(completion.choices[0].message.content or "") % 2)

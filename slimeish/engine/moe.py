@@ -1,0 +1,66 @@
+"""Mixture-of-Experts support in the embedded engine: expert weights by checkpoint name, and the
+routing each token took (for routing replay).
+
+transformers (v5) holds a layer's experts fused, `mlp.experts.gate_up_proj` `[E, 2I, H]` and
+`mlp.experts.down_proj` `[E, H, I]`, while published checkpoints and the trainer's export name
+them per expert (`mlp.experts.{e}.gate_proj.weight`, ...). `expert_target` maps one per-expert
+tensor onto its slice of the fused parameter, so weight updates keep the checkpoint's names.
+
+`RouteRecorder` hooks each layer's router (HF computes softmax -> top-k -> renormalise there) and
+writes the top-k expert ids of every token it runs into a per-KV-slot table, next to the token's
+K/V: a prefix-cache hit then brings back the routing the cached tokens had when they were run,
+as SGLang's capturer does.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor
+
+_EXPERT_NAME = re.compile(r"^(?P<prefix>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+
+
+def expert_target(name: str, params: dict[str, Tensor]) -> Tensor | None:
+    """The slice of a fused expert parameter that the per-expert tensor `name` fills (None: not one)."""
+    m = _EXPERT_NAME.match(name)
+    if m is None:
+        return None
+    prefix, e, proj = m["prefix"], int(m["e"]), m["proj"]
+    if proj == "down_proj":
+        fused = params.get(prefix + ".down_proj")
+        return None if fused is None or e >= fused.shape[0] else fused[e]
+    fused = params.get(prefix + ".gate_up_proj")
+    if fused is None or e >= fused.shape[0]:
+        return None
+    gate, up = fused[e].chunk(2)  # HF's fused layout: [gate; up] rows
+    return gate if proj == "gate_proj" else up
+
+
+def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Each sparse layer's router (`mlp.gate`), in layer order; empty for a dense model."""
+    layers = model.model.layers  # type: ignore[union-attr]
+    return [layer.mlp.gate for layer in layers if hasattr(layer.mlp, "experts")]  # type: ignore[union-attr]
+
+
+class RouteRecorder:
+    """Per KV slot, the top-k expert ids of each sparse layer: `[slots, moe_layers, top_k]` int16."""
+
+    def __init__(self, routers: list[torch.nn.Module], slots: int, top_k: int, device: torch.device):
+        self.table = torch.full((slots, len(routers), top_k), -1, dtype=torch.int16, device=device)
+        self.write = torch.zeros(0, dtype=torch.long, device=device)
+        for j, router in enumerate(routers):
+            router.register_forward_hook(self._hook(j))
+
+    def _hook(self, layer: int):
+        def record(_module, _inputs, output) -> None:
+            # HF routers return (logits, top-k weights, top-k indices) over the flattened tokens,
+            # in the same [n, width] order as the slots of this forward (`self.write`).
+            self.table[:, layer].index_copy_(0, self.write, output[2].to(torch.int16))
+
+        return record
+
+    def rows(self, slots: Tensor) -> Tensor:
+        """`[len(slots), moe_layers, top_k]` int32 for the given slots."""
+        return self.table.index_select(0, slots).to(torch.int32)
