@@ -16,6 +16,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from slimeish import train
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
@@ -39,9 +40,16 @@ class CodingRunConfig:
     num_rollout: int = help_field(2, help="rollout steps")
     max_tokens: int = help_field(16, help="new tokens per model call (small: the tiny model decodes on CPU)")
     max_turns: int = help_field(2, help="model calls per episode at most")
+    agent: Literal["openai", "mini-swe-agent"] = help_field(
+        "openai", help="agent.py (openai SDK, a bash tool) or mini-swe-agent (pip install 'slimeish[harness]')"
+    )
 
 
 def agent_command(cfg: CodingRunConfig) -> str:
+    if cfg.agent == "mini-swe-agent":  # installed beside this interpreter
+        mini = shlex.quote(str(Path(sys.executable).parent / "mini"))
+        script = shlex.quote(str(HERE / "mini_swe_agent.sh"))
+        return f"MINI={mini} bash {script} {cfg.max_turns} {cfg.max_tokens}"
     python = shlex.quote(sys.executable)  # the interpreter running this example has `openai`
     agent = shlex.quote(str(HERE / "agent.py"))
     return f"{python} {agent} --max-tokens {cfg.max_tokens} --max-turns {cfg.max_turns}"
@@ -51,6 +59,8 @@ def train_setup(cfg: CodingRunConfig, extra: list[str]) -> TrainSetup:
     """The run: the tasks as prompts, the model and a short preset, then the user's flags, which win."""
     run_dir = cfg.run_dir.resolve()
     prompts = run_dir / "data" / "tasks.jsonl"
+    # mini-swe-agent imports litellm, which alone takes ~10 s of CPU: more than a minute on a loaded 2-core machine
+    timeout_multiplier = 5.0 if cfg.agent == "mini-swe-agent" else 1.0
     write_prompts(prompts, task_records(cfg.tasks))
     base = TrainSetup(
         run=RunConfig(run_dir=run_dir, num_rollout=cfg.num_rollout),
@@ -59,9 +69,9 @@ def train_setup(cfg: CodingRunConfig, extra: list[str]) -> TrainSetup:
             rollout_function_path="slimeish.rollout_functions.harness.generate_rollout",
             rollout_batch_size=2,
             n_samples_per_prompt=2,
-            rollout_timeout=120.0,
+            rollout_timeout=60.0 * timeout_multiplier + 60.0,  # the agent's time, then the grader's
         ),
-        plugin=HarnessConfig(agent_command=agent_command(cfg)),
+        plugin=HarnessConfig(agent_command=agent_command(cfg), agent_timeout_multiplier=timeout_multiplier),
         trainer=TrainerConfig(model_path=_model_path(cfg, run_dir), device="cpu", lr=1e-5),
     )
     return parse_args(extra, base=base)

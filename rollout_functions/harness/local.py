@@ -81,15 +81,18 @@ class LocalSandbox(Sandbox):
         return [*limits, *bwrap_argv(self.dir, self.dir.parent), "bash", "-c", command]
 
     async def exec(self, command: str, *, env: dict[str, str], timeout_s: float) -> ExecResult:
-        proc = await asyncio.create_subprocess_exec(
-            *self._argv(command),
-            cwd=self.host_path(APP),
-            env=self._env(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # its own process group: the whole tree is killed together
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(command),
+                cwd=self.host_path(APP),
+                env=self._env(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group: the whole tree is killed together
+            )
+        except OSError as exc:  # its directory is gone, or prlimit/bwrap cannot start
+            raise SandboxError(f"could not start a command in {self.dir}: {exc}") from exc
         self._running.add(proc.pid)
         assert proc.stdout is not None
         reader = asyncio.ensure_future(proc.stdout.read())  # kept apart, so a timeout keeps what was said
@@ -176,6 +179,9 @@ class LocalProvider(SandboxProvider):
         try:
             if setup:
                 await self._lay_out(sandbox, task)
+        except OSError as exc:  # copying the workspace in
+            await sandbox.destroy()
+            raise SandboxError(f"{task.name}: could not lay out the workspace: {exc}") from exc
         except BaseException:
             await sandbox.destroy()
             raise

@@ -44,6 +44,9 @@ class HarnessConfig:
     sandbox_root: Path | None = help_field(
         None, help="directory of the local sandboxes (default: TMPDIR/slimeish-sandboxes)"
     )
+    agent_timeout_multiplier: float = help_field(
+        1.0, help="scales every task's [agent] timeout_sec (Harbor's flag: slow machines, slow-starting programs)"
+    )
     grade_in_place: bool = help_field(
         False, help="run the tests in the agent's own sandbox instead of a fresh one holding its final /app"
     )
@@ -51,6 +54,8 @@ class HarnessConfig:
     def check(self) -> None:
         if not self.agent_command:
             raise ValueError("slimeish.rollout_functions.harness needs --agent-command")
+        if self.agent_timeout_multiplier <= 0:
+            raise ValueError(f"--agent-timeout-multiplier must be > 0, got {self.agent_timeout_multiplier}")
 
 
 ROLLOUT_CONFIG = HarnessConfig
@@ -71,7 +76,7 @@ def episode_spec(args: Any, sample: Sample, session: Session) -> EpisodeSpec:
         task=task,
         agent_command=args.agent_command,
         env=env | {"SLIMEISH_INSTRUCTION": task.instruction},
-        timeout_s=min(task.agent_timeout_s, args.rollout_timeout),
+        timeout_s=min(task.agent_timeout_s * args.agent_timeout_multiplier, args.rollout_timeout),
         grade_in_place=args.grade_in_place,
     )
 

@@ -42,3 +42,20 @@ def test_two_steps_of_harness_episodes_with_two_lost_program_starts(tiny_model, 
         assert 0.0 <= r["episodes/reward_mean"] <= 1.0
     assert sum(r["episodes/harness_agent_start_failed"] for r in rows) == 2
     assert sum(r["episodes/regenerated"] for r in rows) == 2
+
+
+@pytest.mark.slow
+def test_mini_swe_agent_runs_unmodified_as_the_agent_program(tiny_model, tmp_path):
+    """mini-swe-agent (PyPI, the `harness` extra) through `slimeish train`: each episode's model calls
+    captured with exact log-probs, the program ending on its own step limit, graded by the task's tests."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "examples.coding_tasks.run", "--run-dir", str(run_dir), "--num-rollout", "1"]
+    argv += ["--model-path", str(tiny_model), "--agent", "mini-swe-agent"]
+    log = tmp_path / "run.log"
+    with ManagedProcess(argv, log_path=log, env={"PYTHONPATH": str(ROOT)}) as proc:
+        assert proc.proc.wait(600) == 0, log.read_text()[-3000:]
+    (row,) = read_metrics(run_dir)
+    assert row["rollout/samples"] >= 4 and row["episodes/failed"] == 0
+    # the random model never makes a valid tool call: mini-swe-agent re-prompts, stops at its step limit, exits 0
+    assert row["episodes/harness_completed"] == 4 and row["episodes/reward_mean"] == 0.0
+    assert row["train/rollout_logprob_abs_diff_max"] <= 1e-4
