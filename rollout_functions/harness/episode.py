@@ -38,7 +38,7 @@ from slimeish.rollout_functions.harness.sandbox import (
 from slimeish.rollout_functions.harness.tasks import Task
 from slimeish.rollout_functions.sessions import EpisodeLost
 
-PATCH_LIMIT = 256 * 1024  # characters of the workspace diff kept with the sample
+PATCH_LIMIT = 64 * 1024  # characters of the workspace diff kept with the sample
 GRADER_OUTPUT_LIMIT = 16 * 1024
 
 

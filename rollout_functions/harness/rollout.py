@@ -24,7 +24,14 @@ from slimeish.rollout_functions.harness.episode import EpisodeSpec, Infrastructu
 from slimeish.rollout_functions.harness.local import LocalProvider
 from slimeish.rollout_functions.harness.sandbox import SandboxProvider
 from slimeish.rollout_functions.harness.tasks import load_task
-from slimeish.rollout_functions.sessions import Session, episode_groups, rollout_output, router_sessions, run_groups
+from slimeish.rollout_functions.sessions import (
+    STORED_METADATA,
+    Session,
+    episode_groups,
+    rollout_output,
+    router_sessions,
+    run_groups,
+)
 
 OUTCOME = "harness"  # sample.metadata key of the episode's outcome record
 LOST = "harness_lost"  # sample.metadata key of the infrastructure failures the member was regenerated after
@@ -92,8 +99,11 @@ async def harness_episode(args: Any, session: Session, sample: Sample) -> Sample
     except InfrastructureFailure as exc:  # recorded, then the member is generated again
         lost = exc.outcome.record()
         sample.metadata.setdefault(LOST, []).append({k: lost[k] for k in ("task", "kind", "reason", "timings")})
+        sample.metadata[STORED_METADATA] = {LOST: sample.metadata[LOST]}
         raise
     sample.metadata[OUTCOME] = outcome.record()
+    # kept with the member's samples in the buffer: what the viewer and `slimeish buffer export` show beside the tokens
+    sample.metadata[STORED_METADATA] = {OUTCOME: sample.metadata[OUTCOME]} | {LOST: sample.metadata.get(LOST, [])}
     sample.response = outcome.agent_output
     sample.reward = outcome.reward
     sample.status = Status.COMPLETED
