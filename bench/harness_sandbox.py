@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from slimeish.rollout_functions.harness.episode import EpisodeSpec, run_episode
 from slimeish.rollout_functions.harness.local import LocalProvider
@@ -41,7 +42,7 @@ async def claims(provider: LocalProvider, n: int) -> dict[str, float]:
     return percentiles(took)
 
 
-async def episodes(provider: LocalProvider, n: int, concurrency: int) -> dict[str, float]:
+async def episodes(provider: LocalProvider, n: int, concurrency: int) -> dict[str, object]:
     tasks, limit = find_tasks(TASKS), asyncio.Semaphore(concurrency)
 
     async def called() -> bool:
@@ -58,7 +59,7 @@ async def episodes(provider: LocalProvider, n: int, concurrency: int) -> dict[st
     started = time.perf_counter()
     creates = await asyncio.gather(*(one(i) for i in range(n)))
     elapsed = time.perf_counter() - started
-    return {"episodes_per_s": round(n / elapsed, 2), "create_under_load": percentiles(list(creates))}  # type: ignore[dict-item]
+    return {"episodes_per_s": round(n / elapsed, 2), "create_under_load": percentiles(list(creates))}
 
 
 async def main() -> None:
@@ -68,9 +69,10 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        for bwrap in ("on", "off"):
-            provider = LocalProvider(Path(root) / bwrap, bwrap)  # type: ignore[arg-type]
-            result = {"bwrap": bwrap, "claim": await claims(provider, args.creates)}
+        modes: tuple[Literal["on"], Literal["off"]] = ("on", "off")
+        for bwrap in modes:
+            provider = LocalProvider(Path(root) / bwrap, bwrap)
+            result: dict[str, object] = {"bwrap": bwrap, "claim": await claims(provider, args.creates)}
             result |= await episodes(provider, args.episodes, args.concurrency)
             print(json.dumps(result), flush=True)
 
