@@ -194,7 +194,7 @@ class LocalProvider(SandboxProvider):
             return
         shutil.copy(task.setup_script, sandbox.host_path("/tmp/setup.sh"))
         tmp = "/tmp" if sandbox.bwrap else str(sandbox.host_path("/tmp"))
-        result = await sandbox.exec(f"bash {tmp}/setup.sh", env={}, timeout_s=task.agent_timeout_s)
+        result = await sandbox.exec(f"bash {tmp}/setup.sh", env={}, timeout_s=task.build_timeout_s)
         if result.exit_code != 0:
             state = "timed out" if result.timed_out else f"exited with {result.exit_code}"
             raise SandboxError(f"{task.name}: environment/setup.sh {state}: {result.output[-500:]}")

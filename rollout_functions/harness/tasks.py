@@ -3,7 +3,7 @@
 A task is a directory:
 
     instruction.md      what the agent is told
-    task.toml           [agent] timeout_sec, [verifier] timeout_sec, [environment] cpus/memory_mb, [metadata]
+    task.toml           [agent] timeout_sec, [verifier] timeout_sec, [environment] build_timeout_sec/cpus/memory_mb
     environment/        how the workspace is built: `workspace/` (files copied into /app) and an
                         optional `setup.sh` run in /app; a Harbor `Dockerfile` is for container providers
     tests/test.sh       run in /app after the agent; writes /logs/verifier/reward.txt (a number) or reward.json
@@ -27,6 +27,7 @@ from slimeish.data import write_prompts
 # Harbor's defaults when task.toml leaves a value out.
 AGENT_TIMEOUT_S = 600.0
 VERIFIER_TIMEOUT_S = 600.0
+BUILD_TIMEOUT_S = 600.0
 MEMORY_MB = 2048
 
 
@@ -37,6 +38,7 @@ class Task:
     instruction: str
     agent_timeout_s: float = AGENT_TIMEOUT_S
     verifier_timeout_s: float = VERIFIER_TIMEOUT_S
+    build_timeout_s: float = BUILD_TIMEOUT_S  # building the environment (locally: setup.sh)
     cpus: float | None = None
     memory_mb: int = MEMORY_MB
     verifier_env: dict[str, str] = field(default_factory=dict)
@@ -87,6 +89,7 @@ def load_task(path: str | Path) -> Task:
         instruction=(root / "instruction.md").read_text(),
         agent_timeout_s=float(agent.get("timeout_sec", AGENT_TIMEOUT_S)),
         verifier_timeout_s=float(verifier.get("timeout_sec", VERIFIER_TIMEOUT_S)),
+        build_timeout_s=float(env.get("build_timeout_sec", BUILD_TIMEOUT_S)),
         cpus=env.get("cpus"),
         memory_mb=int(env.get("memory_mb", MEMORY_MB)),
         verifier_env={str(k): str(v) for k, v in _table(verifier, "env", toml_path).items()},

@@ -14,11 +14,12 @@ def test_a_task_reads_its_timeouts_resources_and_instruction(make_task):
     root = make_task("t1", agent_timeout=12.5)
     (root / "task.toml").write_text(
         '[metadata]\ndifficulty = "easy"\n[agent]\ntimeout_sec = 12.5\n[verifier]\ntimeout_sec = 7\nenv = {A = 1}\n'
-        "[environment]\nmemory_mb = 512\ncpus = 2\n"
+        "[environment]\nmemory_mb = 512\ncpus = 2\nbuild_timeout_sec = 30\n"
     )
     task = load_task(root)
     assert (task.name, task.instruction) == ("t1", "do t1\n")
-    assert (task.agent_timeout_s, task.verifier_timeout_s, task.memory_mb, task.cpus) == (12.5, 7.0, 512, 2)
+    assert (task.agent_timeout_s, task.verifier_timeout_s, task.build_timeout_s) == (12.5, 7.0, 30.0)
+    assert (task.memory_mb, task.cpus) == (512, 2)
     assert task.verifier_env == {"A": "1"} and task.metadata == {"difficulty": "easy"}
 
 
