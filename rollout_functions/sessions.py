@@ -284,10 +284,20 @@ def episode_groups(args: Any, data_source: Any, evaluation: bool) -> list[list[S
 
 
 def run_episodes(
-    args: Any, data_source: Any, episode: EpisodeFn, *, rollout_id: int, evaluation: bool
+    args: Any,
+    data_source: Any,
+    episode: EpisodeFn,
+    *,
+    rollout_id: int,
+    evaluation: bool,
+    metrics: Callable[[list[list[Sample]]], dict[str, float]] | None = None,
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """A rollout function's whole step: draw the groups, run `episode` on each sample through its
-    own router session, and package the result (the common ending of the built-in rollout functions)."""
+    own router session, and package the result (the common ending of the built-in rollout functions),
+    with the rollout function's own `metrics` of the finished groups added."""
     groups = episode_groups(args, data_source, evaluation)
     groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
-    return rollout_output(groups, evaluation)
+    out = rollout_output(groups, evaluation)
+    if metrics is not None:
+        out.metrics.update(metrics(groups))
+    return out

@@ -11,7 +11,6 @@ counts the outcomes (docs/harness.md).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +23,7 @@ from slimeish.rollout_functions.harness.episode import EpisodeSpec, Infrastructu
 from slimeish.rollout_functions.harness.local import LocalProvider
 from slimeish.rollout_functions.harness.sandbox import SandboxProvider
 from slimeish.rollout_functions.harness.tasks import load_task
-from slimeish.rollout_functions.sessions import (
-    STORED_METADATA,
-    Session,
-    episode_groups,
-    rollout_output,
-    router_sessions,
-    run_groups,
-)
+from slimeish.rollout_functions.sessions import STORED_METADATA, Session, router_sessions, run_episodes
 
 OUTCOME = "harness"  # sample.metadata key of the episode's outcome record
 LOST = "harness_lost"  # sample.metadata key of the infrastructure failures the member was regenerated after
@@ -128,8 +120,6 @@ def generate_rollout(
     async def episode(session: Session, sample: Sample) -> Sample:
         return await harness_episode(args, session, sample)
 
-    groups = episode_groups(args, data_source, evaluation)
-    groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
-    out = rollout_output(groups, evaluation)
-    out.metrics.update(outcome_metrics(groups))
-    return out
+    return run_episodes(
+        args, data_source, episode, rollout_id=rollout_id, evaluation=evaluation, metrics=outcome_metrics
+    )
