@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml Makefile
 	# download): installed here when it is missing and we are root, as CI is on a fresh clone.
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q chromium; }
 	@command -v chromium >/dev/null || echo "warning: no chromium; as root: apt-get install chromium (viewer browser tests)"
+	# bubblewrap confines the harness's local sandboxes (docs/harness.md); without it they run unconfined.
+	@command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q bubblewrap; }
+	@command -v bwrap >/dev/null || echo "warning: no bwrap; as root: apt-get install bubblewrap (harness sandboxes)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below pulls the CUDA wheels.

@@ -61,6 +61,9 @@ def timeout_error(exc: TimeoutError, elapsed: float, limit: float) -> str:
 
 # The sample metadata key under which `run_groups` counts a member's regenerations (`rollout_output` sums them).
 REGENERATED = "episodes_regenerated"
+# The sample metadata key of a JSON object an episode wants kept with its member's samples in the buffer (the
+# finish metadata: the task, the patch, the grader's output of a harness episode), for the viewer and exports.
+STORED_METADATA = "stored_metadata"
 
 
 # An episode returns its group member: one sample, or several (slime's list-returning generate),
@@ -179,8 +182,9 @@ async def run_groups(
                 for s in member:  # its own tokens: slimeish train records them and finishes it on this router
                     s.metadata[RECORD_FROM_RETURN] = session.router_url
                 return
-            # a failed member's error, or its teacher log-probs (slime's OPD post-process sets them)
+            # a failed member's error, or its teacher log-probs (slime's OPD post-process sets them), and its record
             metadata = {"error": lead.metadata["error"]} if failed else teacher_metadata(member)
+            metadata |= lead.metadata.get(STORED_METADATA, {})
             await sessions.finish(session, None if failed else reward, lead.status, metadata)
 
         async def one_group(group: list[Sample]) -> list[Sample]:
@@ -280,10 +284,20 @@ def episode_groups(args: Any, data_source: Any, evaluation: bool) -> list[list[S
 
 
 def run_episodes(
-    args: Any, data_source: Any, episode: EpisodeFn, *, rollout_id: int, evaluation: bool
+    args: Any,
+    data_source: Any,
+    episode: EpisodeFn,
+    *,
+    rollout_id: int,
+    evaluation: bool,
+    metrics: Callable[[list[list[Sample]]], dict[str, float]] | None = None,
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """A rollout function's whole step: draw the groups, run `episode` on each sample through its
-    own router session, and package the result (the common ending of the built-in rollout functions)."""
+    own router session, and package the result (the common ending of the built-in rollout functions),
+    with the rollout function's own `metrics` of the finished groups added."""
     groups = episode_groups(args, data_source, evaluation)
     groups = asyncio.run(run_groups(args, groups, episode, rollout_id=rollout_id, evaluation=evaluation))
-    return rollout_output(groups, evaluation)
+    out = rollout_output(groups, evaluation)
+    if metrics is not None:
+        out.metrics.update(metrics(groups))
+    return out

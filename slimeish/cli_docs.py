@@ -32,6 +32,7 @@ PAGES = [
 PLUGINS = [
     "slimeish.rollout_functions.openai_agent.generate_rollout",
     "slimeish.rollout_functions.agent_command.generate_rollout",
+    "slimeish.rollout_functions.harness.generate_rollout",
 ]
 
 HEADER = """# Command-line reference

@@ -1,0 +1,81 @@
+"""Local sandbox cost: claim (create) latency, and whole oracle episodes/s at a concurrency.
+
+No model and no router: each episode is `run_episode` on an example task with its reference
+solution as the agent (Harbor's oracle), so what is measured is the sandbox and grading
+machinery itself (create, copy the workspace out twice, a fresh grader sandbox, test.sh). Run by hand:
+
+    .venv/bin/python bench/harness_sandbox.py --creates 40 --episodes 32 --concurrency 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+from slimeish.rollout_functions.harness.episode import EpisodeSpec, run_episode
+from slimeish.rollout_functions.harness.local import LocalProvider
+from slimeish.rollout_functions.harness.tasks import find_tasks
+
+TASKS = Path(__file__).resolve().parents[1] / "examples" / "coding_tasks" / "tasks"
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(values, n=20)
+    return {"p50_ms": round(statistics.median(values) * 1e3, 1), "p95_ms": round(cuts[18] * 1e3, 1)}
+
+
+async def claims(provider: LocalProvider, n: int) -> dict[str, float]:
+    """Create-and-destroy latency of the `count-lines` task (a workspace built by setup.sh)."""
+    task = next(t for t in find_tasks(TASKS) if t.name == "count-lines")
+    took = []
+    for _ in range(n):
+        started = time.perf_counter()
+        sandbox = await provider.create(task)
+        took.append(time.perf_counter() - started)
+        await sandbox.destroy()
+    return percentiles(took)
+
+
+async def episodes(provider: LocalProvider, n: int, concurrency: int) -> dict[str, object]:
+    tasks, limit = find_tasks(TASKS), asyncio.Semaphore(concurrency)
+
+    async def called() -> bool:
+        return True
+
+    async def one(i: int) -> float:
+        task = tasks[i % len(tasks)]
+        spec = EpisodeSpec(task=task, agent_command=f"bash {task.solution}/solve.sh", env={}, timeout_s=120)
+        async with limit:
+            outcome = await run_episode(provider, spec, called)
+        assert outcome.reward == 1.0, outcome
+        return outcome.timings["sandbox_create_s"]
+
+    started = time.perf_counter()
+    creates = await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.perf_counter() - started
+    return {"episodes_per_s": round(n / elapsed, 2), "create_under_load": percentiles(list(creates))}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--creates", type=int, default=40)
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        modes: tuple[Literal["on"], Literal["off"]] = ("on", "off")
+        for bwrap in modes:
+            provider = LocalProvider(Path(root) / bwrap, bwrap)
+            result: dict[str, object] = {"bwrap": bwrap, "claim": await claims(provider, args.creates)}
+            result |= await episodes(provider, args.episodes, args.concurrency)
+            print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

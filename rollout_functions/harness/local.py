@@ -1,0 +1,200 @@
+"""The `local` sandbox provider: a fresh directory per sandbox on this machine.
+
+Each sandbox is `ROOT/<id>/{app,tests,logs,tmp}`. With bubblewrap (Debian's `bubblewrap`, used when
+`bwrap` is on PATH unless `--sandbox-bwrap off`) every command runs in a mount and PID namespace of
+its own: the host's top-level directories read-only, the sandbox's own directories at `/app`,
+`/tests`, `/logs` and a private `/tmp`, and `ROOT` (other episodes' sandboxes) not there at all, so
+an agent can write only its workspace and never sees another episode's. Without bubblewrap a
+command runs in `ROOT/<id>/app` with the same environment variables but no confinement: a
+development fallback, said at start-up.
+
+Either way a command gets a process group of its own (killed as a whole at its timeout), the
+task's `memory_mb` as its data-segment limit (`prlimit --data`), and no core dumps. The network
+is shared with the host, so that the agent reaches the router on loopback; `cpus` is not enforced
+here (a container provider does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from slimeish.rollout_functions.harness.sandbox import (
+    APP,
+    LOGS,
+    TESTS,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxProvider,
+)
+from slimeish.rollout_functions.harness.tasks import Task
+
+log = logging.getLogger(__name__)
+
+OUTPUT_TAIL = 64 * 1024  # characters of a command's output kept
+PIPE_DRAIN_S = 10.0  # how long the output may stay open after the command's group ended
+DIRS = {APP: "app", TESTS: "tests", LOGS: "logs", "/tmp": "tmp"}
+SKIPPED_TOP_LEVEL = {"/tmp", "/proc", "/dev"}  # replaced by the sandbox's own
+
+
+def default_root() -> Path:
+    return Path(tempfile.gettempdir()) / "slimeish-sandboxes"
+
+
+class LocalSandbox(Sandbox):
+    def __init__(self, root: Path, task: Task, bwrap: bool):
+        self.dir = root / uuid.uuid4().hex
+        self.task = task
+        self.bwrap = bwrap
+        self._running: set[int] = set()  # process groups of commands still running
+        for sub in DIRS.values():
+            (self.dir / sub).mkdir(parents=True)
+        (self.dir / "logs" / "verifier").mkdir()
+        (self.dir / "logs" / "agent").mkdir()
+
+    def host_path(self, path: str) -> Path:
+        """Where the sandbox path `path` (under /app, /tests, /logs or /tmp) lives on the host."""
+        for top, sub in DIRS.items():
+            if path == top or path.startswith(top + "/"):
+                return self.dir / sub / path[len(top) :].lstrip("/")
+        raise ValueError(f"{path!r} is outside the sandbox's directories {sorted(DIRS)}")
+
+    def _env(self, env: dict[str, str]) -> dict[str, str]:
+        seen = {top: top if self.bwrap else str(self.host_path(top)) for top in DIRS}
+        own = {"APP_DIR": seen[APP], "TESTS_DIR": seen[TESTS], "LOGS_DIR": seen[LOGS]}
+        own |= {"TMPDIR": seen["/tmp"], "HOME": seen["/tmp"]}  # programs write their config under HOME
+        return {**os.environ, **own, **env}
+
+    def _argv(self, command: str) -> list[str]:
+        limits = ["prlimit", f"--data={self.task.memory_mb * 1024 * 1024}", "--core=0", "--"]
+        if not self.bwrap:
+            return [*limits, "bash", "-c", command]
+        return [*limits, *bwrap_argv(self.dir, self.dir.parent), "bash", "-c", command]
+
+    async def exec(self, command: str, *, env: dict[str, str], timeout_s: float) -> ExecResult:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(command),
+                cwd=self.host_path(APP),
+                env=self._env(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group: the whole tree is killed together
+            )
+        except OSError as exc:  # its directory is gone, or prlimit/bwrap cannot start
+            raise SandboxError(f"could not start a command in {self.dir}: {exc}") from exc
+        self._running.add(proc.pid)
+        assert proc.stdout is not None
+        reader = asyncio.ensure_future(proc.stdout.read())  # kept apart, so a timeout keeps what was said
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            timed_out = True
+            _kill_group(proc.pid)
+            await proc.wait()
+        except asyncio.CancelledError:  # the episode's own limit, or the run stopping
+            _kill_group(proc.pid)
+            reader.cancel()
+            await proc.wait()
+            raise
+        finally:
+            self._running.discard(proc.pid)
+        try:  # EOF once every holder of the pipe is gone; one that left the group must not hold us
+            out = await asyncio.wait_for(reader, PIPE_DRAIN_S)
+        except TimeoutError:
+            out = b"(output cut: a process that left the sandbox's process group still holds it)"
+        assert proc.returncode is not None
+        return ExecResult(
+            exit_code=proc.returncode, output=out.decode(errors="replace")[-OUTPUT_TAIL:], timed_out=timed_out
+        )
+
+    async def upload(self, src: Path, dest: str) -> None:
+        target = self.host_path(dest)
+        await asyncio.to_thread(_replace_tree, src, target)
+
+    async def download(self, src: str, dest: Path) -> None:
+        await asyncio.to_thread(shutil.copytree, self.host_path(src), dest, symlinks=True)
+
+    async def destroy(self) -> None:
+        for pgid in list(self._running):
+            _kill_group(pgid)
+        await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
+
+
+def _replace_tree(src: Path, target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(src, target, symlinks=True)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def bwrap_argv(sandbox: Path, root: Path) -> list[str]:
+    """bubblewrap's arguments for `sandbox`: the host read-only, the sandbox's directories at
+    Harbor's paths, every other sandbox under `root` hidden, a PID namespace that dies with us."""
+    argv = ["bwrap", "--die-with-parent", "--unshare-pid", "--new-session", "--dev", "/dev", "--proc", "/proc"]
+    for entry in sorted(Path("/").iterdir()):
+        top = str(entry)
+        if top in SKIPPED_TOP_LEVEL:
+            continue
+        if entry.is_symlink():  # /bin -> usr/bin on merged-/usr systems
+            argv += ["--symlink", os.readlink(entry), top]
+        elif entry.is_dir():
+            argv += ["--ro-bind", top, top]
+    if not str(root).startswith("/tmp/"):  # under /tmp it is hidden already: /tmp is the sandbox's own
+        argv += ["--tmpfs", str(root)]
+    for inside, sub in DIRS.items():
+        argv += ["--bind", str(sandbox / sub), inside]
+    return [*argv, "--chdir", APP]
+
+
+class LocalProvider(SandboxProvider):
+    def __init__(self, root: Path | None = None, bwrap: Literal["auto", "on", "off"] = "auto"):
+        self.root = root or default_root()
+        found = shutil.which("bwrap") is not None
+        if bwrap == "on" and not found:
+            raise ValueError("--sandbox-bwrap on needs bubblewrap: apt-get install bubblewrap")
+        self.bwrap = found and bwrap != "off"
+        if not self.bwrap:
+            log.warning("local sandboxes run without bubblewrap: agents are not confined to their workspace")
+
+    async def create(self, task: Task, *, setup: bool = True) -> Sandbox:
+        try:
+            sandbox = LocalSandbox(self.root, task, self.bwrap)
+        except OSError as exc:
+            raise SandboxError(f"could not create a sandbox under {self.root}: {exc}") from exc
+        try:
+            if setup:
+                await self._lay_out(sandbox, task)
+        except OSError as exc:  # copying the workspace in
+            await sandbox.destroy()
+            raise SandboxError(f"{task.name}: could not lay out the workspace: {exc}") from exc
+        except BaseException:
+            await sandbox.destroy()
+            raise
+        return sandbox
+
+    async def _lay_out(self, sandbox: LocalSandbox, task: Task) -> None:
+        if task.workspace.is_dir():
+            await sandbox.upload(task.workspace, APP)
+        if not task.setup_script.is_file():
+            return
+        shutil.copy(task.setup_script, sandbox.host_path("/tmp/setup.sh"))
+        tmp = "/tmp" if sandbox.bwrap else str(sandbox.host_path("/tmp"))
+        result = await sandbox.exec(f"bash {tmp}/setup.sh", env={}, timeout_s=task.build_timeout_s)
+        if result.exit_code != 0:
+            state = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+            raise SandboxError(f"{task.name}: environment/setup.sh {state}: {result.output[-500:]}")
