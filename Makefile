@@ -26,7 +26,7 @@ install: $(STAMP)
 # The agent programs tests/programs runs (Codex CLI, Claude Code, Gemini CLI, opencode), pinned by
 # tests/programs/package-lock.json and installed into a git-ignored cache, never globally. Each ships
 # its native binary as an optional per-platform package; install scripts are not run, except Claude
-# Code's, which only links that binary into place (it downloads nothing).
+# Code's and opencode's, which only link that binary into place (they download nothing).
 # `npm install` over the committed lock, not `npm ci`: the lock holds only the platform packages the
 # registry served when it was made, and `npm ci` refuses a lock without every platform's entry.
 AGENTS := .cache/agents
@@ -35,6 +35,7 @@ $(AGENTS)/.installed: tests/programs/package.json tests/programs/package-lock.js
 	cp tests/programs/package.json tests/programs/package-lock.json $(AGENTS)/
 	cd $(AGENTS) && npm install --ignore-scripts --no-audit --no-fund --loglevel=error
 	cd $(AGENTS) && node node_modules/@anthropic-ai/claude-code/install.cjs
+	cd $(AGENTS)/node_modules/opencode-ai && node postinstall.mjs
 	touch $@
 
 agents: $(AGENTS)/.installed

@@ -7,6 +7,10 @@ tool call and its result continue one segment is shown on the dialects' own test
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.programs.conftest import SHORT, TASK, program
@@ -49,3 +53,47 @@ def test_claude_code_print(harness, tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert any(path == "/messages" and method == "POST" for method, path, _ in harness.statuses.seen[seen:])
     harness.check_episode(session, start, seen)
+
+
+def test_opencode_run(harness, tmp_path):
+    session, start, seen = start_episode(harness, "opencode")
+    work = tmp_path / "work"
+    work.mkdir()
+    # opencode takes an OpenAI-compatible server as a provider of its config; OPENCODE_CONFIG_CONTENT
+    # carries it without a file (its `@ai-sdk/openai-compatible` provider ships inside the binary)
+    provider = {
+        "npm": "@ai-sdk/openai-compatible",
+        "options": {"baseURL": session["base_url"], "apiKey": session["api_key"]},
+    }
+    config = {"provider": {"slimeish": {**provider, "models": {"tiny": {}}}}, "model": "slimeish/tiny"}
+    env = {"OPENCODE_CONFIG_CONTENT": json.dumps(config), "OPENCODE_DISABLE_AUTOUPDATE": "1"}
+    r = harness.run([program("opencode"), "run", TASK], env, work)
+    assert r.returncode == 0 and "Error" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    posts = [path for method, path, _ in harness.statuses.seen[seen:] if method == "POST"]
+    assert posts.count("/chat/completions") >= 2  # the episode's turn and its title
+    samples = harness.check_episode(session, start, seen)
+    # the title request (its own system prompt, no tools) is a segment of its own
+    assert len(samples) >= 2
+
+
+def test_mini_swe_agent(harness, tmp_path):
+    session, start, seen = start_episode(harness, "mini")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        "OPENAI_API_BASE": session["base_url"],  # litellm's `openai/` models: any OpenAI-compatible server
+        "OPENAI_API_KEY": session["api_key"],
+        "MSWEA_CONFIGURED": "true",  # skips its first-run setup questions
+        "MSWEA_COST_TRACKING": "ignore_errors",  # litellm knows no price for this model
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no internet: litellm's bundled price list
+        # the noise the tiny model writes is a format error to it, answered by another turn: stop at 3
+        "MSWEA_GLOBAL_CALL_LIMIT": "3",
+    }
+    argv = [str(Path(sys.executable).parent / "mini"), "-m", "openai/tiny", "-t", TASK, "-y", "--exit-immediately"]
+    r = harness.run(argv, env, work)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    posts = [path for method, path, _ in harness.statuses.seen[seen:] if method == "POST"]
+    assert posts == ["/chat/completions"] * 3
+    # each format error is answered as a new user turn: one segment of three turns
+    (sample,) = harness.check_episode(session, start, seen)
+    assert sample.split_reason is None

@@ -1,9 +1,9 @@
 """The first request each agent program sends with its default configuration, as recorded from the
 installed program (tests/programs/requests: long texts cut, ids zeroed), is taken by its dialect.
 
-The recorded prompts are longer than the tiny model's 4,096-token context, so a request the dialect
-takes gets the router's own context refusal, after rendering and before any engine call; a request
-it refused would get a validation error naming the field. The programs themselves run against a
+The recorded prompts with their output budgets exceed the tiny model's 4,096-token context, so a
+request the dialect takes gets the router's own context refusal, after converting and before any
+engine call; a request it refused would get a validation error naming the field. The programs themselves run against a
 long-context model in tests/programs."""
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ def recorded(name: str) -> dict:
     return json.loads((REQUESTS / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["codex-0.171.0.json"])
-def test_codex_first_request_is_taken(router_app, name):
+@pytest.mark.parametrize(
+    ("name", "path"), [("codex-0.171.0.json", "/responses"), ("opencode-1.18.33.json", "/chat/completions")]
+)
+def test_openai_dialect_first_request_is_taken(router_app, name, path):
     session = router_app.new_session(group_id="g-recorded")
     calls = len(router_app.engine_log)
-    r = httpx.post(session["base_url"] + "/responses", json=recorded(name))
+    r = httpx.post(session["base_url"] + path, json=recorded(name))
     error = assert_openai_error(r, 400, "context_length_exceeded")
-    assert int(re.search(r"the prompt has (?:at least )?(\d+)", error["message"])[1]) > 4096
+    assert int(re.search(r"the prompt has (?:at least )?(\d+)", error["message"])[1]) > 1000  # rendered in full
     assert len(router_app.engine_log) == calls
 
 
