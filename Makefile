@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck format clean
+.PHONY: install agents demo test test-fast lint typecheck format clean
 
 $(STAMP): pyproject.toml Makefile
 	# Chromium for the viewer's browser tests comes from the distribution (never a browser
@@ -26,10 +26,27 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# The agent programs tests/programs runs (Codex CLI, Claude Code, Gemini CLI, opencode), pinned by
+# tests/programs/package-lock.json and installed into a git-ignored cache, never globally. Each ships
+# its native binary as an optional per-platform package; install scripts are not run, except Claude
+# Code's and opencode's, which only link that binary into place (they download nothing).
+# `npm install` over the committed lock, not `npm ci`: the lock holds only the platform packages the
+# registry served when it was made, and `npm ci` refuses a lock without every platform's entry.
+AGENTS := .cache/agents
+$(AGENTS)/.installed: tests/programs/package.json tests/programs/package-lock.json
+	mkdir -p $(AGENTS)
+	cp tests/programs/package.json tests/programs/package-lock.json $(AGENTS)/
+	cd $(AGENTS) && npm install --ignore-scripts --no-audit --no-fund --loglevel=error
+	cd $(AGENTS) && node node_modules/@anthropic-ai/claude-code/install.cjs
+	cd $(AGENTS)/node_modules/opencode-ai && node postinstall.mjs
+	touch $@
+
+agents: $(AGENTS)/.installed
+
 demo: $(STAMP)
 	$(PY) -m examples.demo.run
 
-test: lint typecheck
+test: lint typecheck agents
 	$(PY) -m pytest -q
 
 # The tier without end-to-end runs and GPU tests: a minute or two.

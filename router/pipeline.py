@@ -194,10 +194,14 @@ def sampling_params(
     budget = defaults.pop("max_new_tokens", None) or state.config.default_max_tokens
     room = state.context_length - prompt_len
     if room <= 0 or (max_tokens is not None and max_tokens > room):
+        # Worded as Anthropic's API words it too: Claude Code, which asks for 128k output tokens by
+        # default, reads the three numbers from this text and retries with a `max_tokens` that fits.
         raise APIError(
             400,
             f"this model's maximum context length is {state.context_length} tokens; the prompt has "
-            f"{prompt_len} and {max_tokens or 1} more were requested",
+            f"{prompt_len} and {max_tokens or 1} more were requested (input length and `max_tokens` exceed "
+            f"context limit: {prompt_len} + {max_tokens or 1} > {state.context_length}, decrease input length "
+            "or `max_tokens` and try again)",
             param="messages",
             code="context_length_exceeded",
         )

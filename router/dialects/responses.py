@@ -28,7 +28,14 @@ from slimeish.router import history as H
 from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.base import EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
-from slimeish.router.dialects.responses_output import Events, Namespaced, finished, response_events
+from slimeish.router.dialects.responses_output import (
+    CUSTOM_INPUT,
+    CallShape,
+    CallShapes,
+    Events,
+    finished,
+    response_events,
+)
 from slimeish.router.dialects.tools import chat_tools, joined_text, served_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
@@ -71,10 +78,36 @@ class FunctionCallItem(_Item):
         return self.name if self.namespace is None else flat_name(self.namespace, self.name)
 
 
+class CustomToolCallItem(_Item):
+    """A call to a freeform tool: the model saw it as a function of one string (`CUSTOM_INPUT`)."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = None
+
+    def tool_name(self) -> str:
+        return self.name if self.namespace is None else flat_name(self.namespace, self.name)
+
+
 class FunctionCallOutputItem(_Item):
-    type: Literal["function_call_output"]
+    type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
     output: str | list[TextPart]
+
+
+class AdditionalToolsItem(_Item):
+    """Tools sent as an input item (Codex): served with the request's `tools` (`with_item_tools`)."""
+
+    type: Literal["additional_tools"]
+    tools: list[Any]
+
+
+class ConfigurationUpdateItem(_Item):
+    """A change of settings mid-conversation (Codex's reasoning effort): nothing the model reads."""
+
+    type: Literal["configuration_update"]
 
 
 class ReasoningPart(_Item):
@@ -101,8 +134,12 @@ _INPUT_ITEM: TypeAdapter[Any] = TypeAdapter(
     Annotated[
         Annotated[MessageItem, Tag("message")]
         | Annotated[FunctionCallItem, Tag("function_call")]
+        | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
         | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-        | Annotated[ReasoningItem, Tag("reasoning")],
+        | Annotated[FunctionCallOutputItem, Tag("custom_tool_call_output")]
+        | Annotated[ReasoningItem, Tag("reasoning")]
+        | Annotated[AdditionalToolsItem, Tag("additional_tools")]
+        | Annotated[ConfigurationUpdateItem, Tag("configuration_update")],
         Discriminator(_item_type),
     ]
 )
@@ -128,15 +165,40 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+class CustomTool(BaseModel):
+    """A freeform tool (Codex's `exec`, `apply_patch`): its input is one string, not JSON, so the
+    model sees a function of one string argument, described by the tool's grammar if it has one."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        about = "the tool's input, free-form text"
+        if self.format and self.format.get("type") == "grammar":
+            about += f" matching this {self.format.get('syntax')} grammar: {self.format.get('definition')}"
+        return {
+            "type": "object",
+            "properties": {CUSTOM_INPUT: {"type": "string", "description": about}},
+            "required": [CUSTOM_INPUT],
+        }
+
+
+NamespacedTool = Annotated[FunctionTool | CustomTool, Field(discriminator="type")]
+
+
 class NamespaceTool(BaseModel):
-    """A group of function tools (Codex's multi-agent tools): served as its functions, each under
-    `flat_name`, since chat templates know no namespaces."""
+    """A group of tools (Codex's multi-agent tools): served as its tools, each under `flat_name`,
+    since chat templates know no namespaces."""
 
     model_config = ConfigDict(extra="ignore")
     type: Literal["namespace"]
     name: str
     description: str | None = None
-    tools: list[FunctionTool]
+    tools: list[NamespacedTool]
 
 
 def flat_name(namespace: str, name: str) -> str:
@@ -168,7 +230,7 @@ class ResponsesRequest(BaseModel):
     model: str | None = None
     input: str | list[Any]  # items are checked one by one (`items`), so an error names the item
     instructions: str | None = None
-    tools: list[Annotated[FunctionTool | NamespaceTool, Field(discriminator="type")]] | None = None
+    tools: list[Annotated[FunctionTool | CustomTool | NamespaceTool, Field(discriminator="type")]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(None, ge=1)
@@ -180,13 +242,26 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
 
 
+def with_item_tools(body: JSONObject) -> JSONObject:
+    """The body with the tools of its `additional_tools` input items (Codex sends its tools there)
+    after its own `tools`: the model sees one tool list, whichever way they came."""
+    raw = body.get("input")
+    extra = [
+        t
+        for item in (raw if isinstance(raw, list) else [])
+        if isinstance(item, dict) and item.get("type") == "additional_tools" and isinstance(item.get("tools"), list)
+        for t in item["tools"]
+    ]
+    return {**body, "tools": [*(body.get("tools") or []), *extra]} if extra else body
+
+
 def _served(body: JSONObject) -> JSONObject:
-    return served_tools(body, ("function", "namespace"), "a function tool", HOSTED_TOOLS)
+    return served_tools(with_item_tools(body), ("function", "custom", "namespace"), "a function tool", HOSTED_TOOLS)
 
 
-def _functions(req: ResponsesRequest) -> list[tuple[str, FunctionTool]]:
-    """Each function tool under the name the model sees: a namespace's functions flattened."""
-    out: list[tuple[str, FunctionTool]] = []
+def _functions(req: ResponsesRequest) -> list[tuple[str, FunctionTool | CustomTool]]:
+    """Each tool under the name the model sees: a namespace's tools flattened."""
+    out: list[tuple[str, FunctionTool | CustomTool]] = []
     for t in req.tools or []:
         if isinstance(t, NamespaceTool):
             out += [(flat_name(t.name, f.name), f) for f in t.tools]
@@ -195,14 +270,15 @@ def _functions(req: ResponsesRequest) -> list[tuple[str, FunctionTool]]:
     return out
 
 
-def namespaced(req: ResponsesRequest) -> Namespaced:
-    """The flattened names of the request's namespaced functions, to answer their calls under."""
-    return {
-        flat_name(t.name, f.name): (t.name, f.name)
+def call_shapes(req: ResponsesRequest) -> CallShapes:
+    """How calls to the request's namespaced and freeform tools are answered, by flattened name."""
+    shapes = {
+        flat_name(t.name, f.name): CallShape(f.name, t.name, isinstance(f, CustomTool))
         for t in req.tools or []
         if isinstance(t, NamespaceTool)
         for f in t.tools
     }
+    return shapes | {t.name: CallShape(t.name, custom=True) for t in req.tools or [] if isinstance(t, CustomTool)}
 
 
 def _chat_tools(req: ResponsesRequest) -> list[JSONObject] | None:
@@ -258,9 +334,10 @@ def _resumable(raw: list[Any], start: int) -> bool:
     of an assistant message (reasoning, an assistant message, a call), or an assistant message
     right after a reasoning item, completes that item's message: then convert all."""
     kind, before = _item_type(raw[start]), _item_type(raw[start - 1])
-    if kind == "function_call":
+    if kind in ("function_call", "custom_tool_call"):
         return not (
-            before in ("function_call", "reasoning") or (before == "message" and _role(raw[start - 1]) == "assistant")
+            before in ("function_call", "custom_tool_call", "reasoning")
+            or (before == "message" and _role(raw[start - 1]) == "assistant")
         )
     return not (kind == "message" and _role(raw[start]) == "assistant" and before == "reasoning")
 
@@ -297,11 +374,11 @@ def _converted(
         elif isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
             out.append({"role": role, "content": joined_text(item.content)})
-        elif isinstance(item, FunctionCallItem):
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
             call = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.tool_name(), "arguments": item.arguments},
+                "function": {"name": item.tool_name(), "arguments": _args(item)},
             }
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": None})
@@ -315,8 +392,14 @@ def _converted(
                     param=f"input.{i}",
                 )
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": joined_text(item.output)})
+        # additional_tools (served with `tools`) and configuration_update items add no message
     messages = [{**m, "content": m["content"] or None} if m["role"] == "assistant" else m for m in out]
     return messages, frozenset(calls)
+
+
+def _args(item: FunctionCallItem | CustomToolCallItem) -> str:
+    """A call's arguments as the model saw them: a freeform tool's input is its one string argument."""
+    return item.arguments if isinstance(item, FunctionCallItem) else orjson.dumps({CUSTOM_INPUT: item.input}).decode()
 
 
 def conversation(
@@ -372,7 +455,7 @@ class ResponsesTurn:
     kept: list[JSONObject]  # the conversation without `instructions`: what `store` keeps
     shell: JSONObject  # the response before any output (`response_shell`)
     sign: Callable[[str], str]
-    namespaced: Namespaced
+    shapes: CallShapes
     ev: Events = field(default_factory=Events)  # the stream's events, numbered
 
     @property
@@ -386,12 +469,12 @@ class ResponsesTurn:
     def answer(
         self, state: RouterState, planned: PlannedTurn, gens: list[Generation], replies: list[JSONObject]
     ) -> JSONObject:
-        return {**self.shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), self.sign, self.namespaced)}
+        return {**self.shell, **finished(gens[0], replies[0], len(planned.plan.input_ids), self.sign, self.shapes)}
 
     def events(
         self, state: RouterState, planned: PlannedTurn, chunks: EngineChunks, result: StreamedTurn
     ) -> AsyncIterator[bytes]:
-        return response_events(state, chunks, planned, self.shell, result, self.ev, self.sign, self.namespaced)
+        return response_events(state, chunks, planned, self.shell, result, self.ev, self.sign, self.shapes)
 
     def keepalive(self) -> bytes:
         return self.ev("response.in_progress", response=self.shell)
@@ -412,7 +495,7 @@ class Responses:
         conv, kept = conversation(state, req, session)
         shell = response_shell(req, req.model or state.model_name)
         sign = _signer(state, session, shell["id"])
-        return ResponsesTurn(req, conv, session, kept, shell, sign, namespaced(req))
+        return ResponsesTurn(req, conv, session, kept, shell, sign, call_shapes(req))
 
 
 responses = endpoint(Responses())

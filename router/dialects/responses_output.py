@@ -5,6 +5,7 @@ The request side, and the wiring through the capture pipeline, are in `responses
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
@@ -17,18 +18,31 @@ from slimeish.router.state import RouterState
 from slimeish.router.streaming import ReplyStream, StreamedTurn
 from slimeish.router.turns import Generation
 
-Namespaced = Mapping[str, tuple[str, str]]  # a flattened tool name -> (namespace, its name in it)
+
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """How a call the model made under a flattened tool name is answered: under the tool's own
+    `name` in its `namespace`, and for a freeform (`custom`) tool as a `custom_tool_call` whose
+    `input` is the one string argument the model saw (`CUSTOM_INPUT`)."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
+
+
+CallShapes = Mapping[str, CallShape]  # a tool name as the model sees it -> how its calls are answered
+CUSTOM_INPUT = "input"  # the one argument of a freeform tool, as rendered to the model
 
 
 def finished(
-    gen: Generation, reply: JSONObject, prompt_tokens: int, sign: Callable[[str], str], namespaced: Namespaced
+    gen: Generation, reply: JSONObject, prompt_tokens: int, sign: Callable[[str], str], shapes: CallShapes
 ) -> JSONObject:
     """What the response object gains when its turn is done: output, status, usage."""
     cut = gen.finish_type == "length"
     return {
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "output": output_items(reply, sign, namespaced),
+        "output": output_items(reply, sign, shapes),
         "usage": {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
@@ -39,13 +53,13 @@ def finished(
     }
 
 
-def output_items(reply: JSONObject, sign: Callable[[str], str], namespaced: Namespaced) -> list[JSONObject]:
+def output_items(reply: JSONObject, sign: Callable[[str], str], shapes: CallShapes) -> list[JSONObject]:
     # A reply without calls is always a message item (even empty), so the agent sends the turn back.
     calls = reply.get("tool_calls") or []
     reasoning = reply.get("reasoning_content")
     items = [_reasoning_item(reasoning, sign(reasoning), "completed")] if reasoning else []
     items += [_message_item(reply.get("content") or "", "completed")] if reply.get("content") or not calls else []
-    return items + [_call_item(c, "completed", namespaced) for c in calls]
+    return items + [_call_item(c, "completed", shapes) for c in calls]
 
 
 def _reasoning_item(text: str | None, reference: str | None, status: str, item_id: str | None = None) -> JSONObject:
@@ -68,15 +82,29 @@ def _message_item(text: str | None, status: str, item_id: str | None = None) -> 
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(call: JSONObject, status: str, namespaced: Namespaced) -> JSONObject:
+def _call_item(call: JSONObject, status: str, shapes: CallShapes) -> JSONObject:
     """A call as a `function_call` item; a call to a namespace's function carries its own name and
-    the `namespace`, as OpenAI returns it (and as the client sends it back)."""
+    the `namespace`, as OpenAI returns it (and as the client sends it back); a call to a freeform
+    tool is a `custom_tool_call` with its `input` string."""
     f = call["function"]
-    item_id = "fc_" + call["id"].removeprefix("call_")
-    item = {"type": "function_call", "id": item_id, "call_id": call["id"], "name": f["name"]}
-    if f["name"] in namespaced:
-        item["namespace"], item["name"] = namespaced[f["name"]]
-    return {**item, "arguments": f["arguments"], "status": status}
+    shape = shapes.get(f["name"], CallShape(f["name"]))
+    item = {"id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"], "name": shape.name}
+    if shape.namespace is not None:
+        item["namespace"] = shape.namespace
+    if shape.custom:
+        return {"type": "custom_tool_call", **item, "input": custom_input(f["arguments"]), "status": status}
+    return {"type": "function_call", **item, "arguments": f["arguments"], "status": status}
+
+
+def custom_input(arguments: str) -> str:
+    """A freeform tool's input from the arguments the model sampled: its one string argument, else
+    the arguments as sampled (a model that wrote the input bare)."""
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    value = parsed.get(CUSTOM_INPUT) if isinstance(parsed, dict) else None
+    return value if isinstance(value, str) else arguments
 
 
 class Events:
@@ -98,7 +126,7 @@ async def response_events(
     result: StreamedTurn,
     ev: Events,
     sign: Callable[[str], str],
-    namespaced: Namespaced,
+    shapes: CallShapes,
 ) -> AsyncIterator[bytes]:
     """`response.created`, `.in_progress`, the reasoning item (once its end is sampled) and the
     message item's text deltas while the engine streams; the text's and calls' closing events and
@@ -132,10 +160,10 @@ async def response_events(
         output.append(_message_item(sent + done.last, "completed", item_id))
         closing += _text_closing(ev, len(output) - 1, output[-1])
     for call in done.message.get("tool_calls") or []:
-        closing += _call_events(ev, len(output), _call_item(call, "completed", namespaced))
-        output.append(_call_item(call, "completed", namespaced))
+        closing += _call_events(ev, len(output), _call_item(call, "completed", shapes))
+        output.append(_call_item(call, "completed", shapes))
     prompt_tokens = len(planned.plan.input_ids)
-    final = {**shell, **finished(done.generation, done.message, prompt_tokens, sign, namespaced), "output": output}
+    final = {**shell, **finished(done.generation, done.message, prompt_tokens, sign, shapes), "output": output}
     kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
     closing.append(ev(kind, response=final))
     result.closing += closing
@@ -185,9 +213,15 @@ def _text_closing(ev: Events, index: int, item: JSONObject) -> list[bytes]:
 
 def _call_events(ev: Events, index: int, item: JSONObject) -> list[bytes]:
     at = {"item_id": item["id"], "output_index": index}
+    # a function call streams its `arguments`, a custom tool call its `input`
+    field, kind = (
+        ("input", "custom_tool_call_input")
+        if item["type"] == "custom_tool_call"
+        else ("arguments", "function_call_arguments")
+    )
     return [
-        ev("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}),
-        ev("response.function_call_arguments.delta", **at, delta=item["arguments"]),
-        ev("response.function_call_arguments.done", **at, arguments=item["arguments"]),
+        ev("response.output_item.added", output_index=index, item={**item, field: "", "status": "in_progress"}),
+        ev(f"response.{kind}.delta", **at, delta=item[field]),
+        ev(f"response.{kind}.done", **at, **{field: item[field]}),
         ev("response.output_item.done", output_index=index, item=item),
     ]

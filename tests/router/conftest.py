@@ -49,7 +49,7 @@ def engine_url(tiny_model, tmp_path_factory) -> Iterator[str]:
     proc.stop()
 
 
-def recording_proxy(target: str, log: list[tuple[dict, dict | list]]):
+def recording_proxy(target: str, log: list[tuple[dict, dict | list]], timeout: float = 120):
     """Forwards everything to `target` and logs each /generate (request, response): the test's
     view of what the engine really received and sampled, independent of the router's record."""
     app = FastAPI()
@@ -57,7 +57,7 @@ def recording_proxy(target: str, log: list[tuple[dict, dict | list]]):
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request) -> Response:
         body = await request.body()
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=timeout) as client:
             r = await client.request(
                 request.method, f"{target}/{path}", content=body, headers={"content-type": "application/json"}
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -74,6 +76,8 @@ def test_context_length_exceeded(router_app, session):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="t", messages=GOOD["messages"], max_tokens=10**6)
     assert e.value.code == "context_length_exceeded"
+    # in Anthropic's words too: Claude Code reads the three numbers and retries with a max_tokens that fits
+    assert re.search(r"input length and `max_tokens` exceed context limit: \d+ \+ 1000000 > \d+", e.value.message)
     long = [{"role": "user", "content": "1 " * 5000}]
     r = httpx.post(session["base_url"] + "/chat/completions", json={**GOOD, "messages": long, "max_tokens": None})
     assert_openai_error(r, 400, "context_length_exceeded")

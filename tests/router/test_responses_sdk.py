@@ -3,12 +3,14 @@ the router and a real embedded engine, captured exactly as chat is (see test_ope
 
 from __future__ import annotations
 
+import re
+
 import agents
 import httpx
 import openai
 import pytest
 
-from slimeish.router.dialects.responses_output import output_items
+from slimeish.router.dialects.responses_output import CallShape, output_items
 from tests.router.test_anthropic_sdk import engine_calls
 from tests.router.test_errors import assert_openai_error
 from tests.router.test_openai_sdk import assert_exact_capture, client_for
@@ -106,7 +108,6 @@ def test_openai_agents_default_model_runs_a_multi_turn_episode(router_app, rende
 
 GOOD = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
 BAD = {
-    "custom tool": ({**GOOD, "tools": [{"type": "custom", "name": "apply_patch"}]}, "custom"),
     "unknown previous_response_id": ({**GOOD, "previous_response_id": "resp_nope"}, "resp_nope"),
     "item type": ({**GOOD, "input": [{"type": "computer_call_output", "call_id": "c"}]}, "input.0"),
     "image part": (
@@ -229,9 +230,60 @@ def test_a_call_to_a_namespaced_function_is_answered_under_its_namespace():
     call = {"id": "call_1", "type": "function", "function": {"name": "multi_agent__spawn_agent", "arguments": "{}"}}
     other = {"id": "call_2", "type": "function", "function": {"name": "mcp__fs__read", "arguments": "{}"}}
     reply = {"role": "assistant", "content": None, "tool_calls": [call, other]}
-    namespaced = {"multi_agent__spawn_agent": ("multi_agent", "spawn_agent")}
-    items = output_items(reply, lambda text: "ref", namespaced)
+    shapes = {"multi_agent__spawn_agent": CallShape("spawn_agent", "multi_agent")}
+    items = output_items(reply, lambda text: "ref", shapes)
     assert [(i.get("namespace"), i["name"]) for i in items] == [("multi_agent", "spawn_agent"), (None, "mcp__fs__read")]
     # the `openai` SDK reads the item back with its namespace
     parsed = openai.types.responses.ResponseFunctionToolCall.model_validate(items[0])
     assert (parsed.namespace, parsed.name) == ("multi_agent", "spawn_agent")
+
+
+def test_a_call_to_a_freeform_tool_is_answered_as_a_custom_tool_call():
+    call = {"id": "call_1", "type": "function", "function": {"name": "functions__exec", "arguments": '{"input": "ls"}'}}
+    reply = {"role": "assistant", "content": None, "tool_calls": [call]}
+    (item,) = output_items(reply, lambda text: "ref", {"functions__exec": CallShape("exec", "functions", custom=True)})
+    assert (item["type"], item["namespace"], item["name"], item["input"]) == (
+        "custom_tool_call",
+        "functions",
+        "exec",
+        "ls",
+    )
+    parsed = openai.types.responses.ResponseCustomToolCall.model_validate(item)
+    assert parsed.input == "ls"
+
+
+# Codex 0.171's tools: in an `additional_tools` input item, its shell a freeform tool in a namespace
+EXEC = {
+    "type": "custom",
+    "name": "exec",
+    "description": "run code",
+    "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+}
+CODEX_ITEMS = [
+    {
+        "type": "additional_tools",
+        "role": "developer",
+        "tools": [{"type": "namespace", "name": "functions", "description": "", "tools": [EXEC]}],
+    },
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You code."}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+    {"type": "configuration_update", "reasoning": {"effort": "low"}},
+]
+
+
+def test_codex_item_tools_and_freeform_calls_are_rendered(router_app, renderer):
+    session = router_app.new_session(group_id="g-codex-exec")
+    client = client_for(session)
+    start = len(router_app.engine_log)
+    kw = {"model": "tiny", "max_output_tokens": 6, "store": False}
+    first = client.responses.create(input=CODEX_ITEMS, **kw)
+    prompt = renderer.tokenizer.decode(router_app.engine_log[start][0]["input_ids"], skip_special_tokens=False)
+    assert "functions__exec" in prompt and "lark grammar" in prompt  # one string argument, its grammar said
+    # what Codex sends back after the model called exec: the call and its output, by item
+    call = {"type": "custom_tool_call", "call_id": "call_x", "namespace": "functions", "name": "exec", "input": "ls"}
+    output = {"type": "custom_tool_call_output", "call_id": "call_x", "output": "a.txt"}
+    items = [*CODEX_ITEMS, *(o.model_dump(exclude_none=True) for o in first.output), call, output]
+    client.responses.create(input=items, **kw)
+    second = renderer.tokenizer.decode(router_app.engine_log[-1][0]["input_ids"], skip_special_tokens=False)
+    # the call as the model would have sampled it (its one string argument), then its output
+    assert re.search(r'functions__exec.*"input": ?"ls".*a\.txt', second, re.S)
