@@ -91,8 +91,11 @@ def bearer_token(request: Request) -> str:
 
 
 def request_key(request: Request) -> str:
-    """The key a client sent: `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic)."""
-    return bearer_token(request) or request.headers.get("x-api-key", "").strip()
+    """The key a client sent: `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), or
+    `x-goog-api-key` / `?key=` (Gemini)."""
+    headers = request.headers
+    key = bearer_token(request) or headers.get("x-api-key") or headers.get("x-goog-api-key")
+    return (key or request.query_params.get("key", "")).strip()
 
 
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
