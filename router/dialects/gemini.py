@@ -159,6 +159,11 @@ def _content(raw: list[Any], i: int) -> Content:
     return content
 
 
+def chat_messages(req: CountTokensBody) -> list[JSONObject]:
+    """The whole request as chat messages."""
+    return [*_system(req), *_converted(req.contents, 0, frozenset())[0]]
+
+
 def _call_id(call: FunctionCall, i: int, j: int) -> str:
     """The call's id, or one fixed by where it stands (Gemini's calls need none): every turn converts
     the same history to the same ids, which its responses then name."""
@@ -198,12 +203,13 @@ def _model(content: Content, i: int) -> JSONObject:
 
 
 def _user(content: Content, raw: list[Any], i: int) -> list[JSONObject]:
-    results, text = [], ""
+    results: list[JSONObject] = []
+    text = ""
     for j, p in enumerate(content.parts):
         if p.function_call is not None:
             raise APIError(400, f"contents.{i}.parts.{j}: a functionCall belongs in a model content")
         if p.function_response is not None:
-            answered = _answered_call(raw, i, j, p.function_response)
+            answered = _answered_call(raw, i, j, p.function_response, {r["tool_call_id"] for r in results})
             output = json.dumps(p.function_response.response, ensure_ascii=False)
             results.append({"role": "tool", "tool_call_id": answered, "content": output})
         elif p.text is not None:
@@ -211,8 +217,9 @@ def _user(content: Content, raw: list[Any], i: int) -> list[JSONObject]:
     return results + ([{"role": "user", "content": text}] if text or not results else [])
 
 
-def _answered_call(raw: list[Any], i: int, j: int, response: FunctionResponse) -> str:
-    """The id of the call in the model content before `i` that `response` answers: by id, else by name."""
+def _answered_call(raw: list[Any], i: int, j: int, response: FunctionResponse, taken: set[str]) -> str:
+    """The id of the call in the model content before `i` that `response` answers: by id, else the
+    first by name that no earlier response of this content (`taken`) answered."""
     previous = _content(raw, i - 1) if i > 0 else None
     calls = [
         (_call_id(p.function_call, i - 1, k), p.function_call.name)
@@ -220,7 +227,7 @@ def _answered_call(raw: list[Any], i: int, j: int, response: FunctionResponse) -
         if p.function_call is not None
     ]
     for call_id, name in calls:
-        if call_id == response.id or (response.id is None and name == response.name):
+        if call_id == response.id or (response.id is None and name == response.name and call_id not in taken):
             return call_id
     raise APIError(
         400,
@@ -384,9 +391,8 @@ async def count_tokens(request: Request, api_key: str | None = None) -> Response
 async def _count_tokens(state: RouterState, turn: InFlight, body: JSONObject, started: float) -> Response:
     req: CountTokensRequest = parse(CountTokensRequest, body)
     whole = req.generate_content_request or CountTokensBody(contents=req.contents or [])
-    messages = [*_system(whole), *_converted(whole.contents, 0, frozenset())[0]]
     try:
-        ids = state.renderer.full_ids(messages, _chat_tools(whole))
+        ids = state.renderer.full_ids(chat_messages(whole), _chat_tools(whole))
     except TemplateError as e:
         raise APIError(400, str(e), param="contents") from None
     return R.json_response({"totalTokens": len(ids)})

@@ -15,7 +15,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from slimeish.router.dialects.gemini import json_schema
+from slimeish.router.dialects.gemini import CountTokensBody, chat_messages, json_schema
 from tests.router import test_reasoning_sdk as R
 from tests.router.reasoning_model import CONTENT, REASONING
 from tests.router.test_anthropic_sdk import engine_calls
@@ -203,3 +203,21 @@ def test_googles_schema_types_become_json_schema():
         "type": "object",
         "properties": {"type": {"type": "string"}, "n": {"type": "array", "items": {"type": "integer"}}},
     }
+
+
+def test_responses_without_ids_answer_their_names_calls_in_order():
+    call = lambda a: {"functionCall": {"name": "add", "args": {"a": a}}}  # noqa: E731
+    answer = lambda r: {"functionResponse": {"name": "add", "response": {"r": r}}}  # noqa: E731
+    contents = [
+        {"role": "user", "parts": [{"text": "1 + 1 and 2 + 2?"}]},
+        {"role": "model", "parts": [call(1), call(2)]},
+        {"role": "user", "parts": [answer(2), answer(4), {"text": "and?"}]},
+    ]
+    _, model, *rest = chat_messages(CountTokensBody.model_validate({"contents": contents}))
+    ids = [c["id"] for c in model["tool_calls"]]
+    assert ids == ["call_1_0", "call_1_1"]  # no ids sent: fixed by their place
+    assert rest == [
+        {"role": "tool", "tool_call_id": ids[0], "content": '{"r": 2}'},
+        {"role": "tool", "tool_call_id": ids[1], "content": '{"r": 4}'},
+        {"role": "user", "content": "and?"},
+    ]
