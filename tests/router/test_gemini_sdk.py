@@ -221,3 +221,11 @@ def test_responses_without_ids_answer_their_names_calls_in_order():
         {"role": "tool", "tool_call_id": ids[1], "content": '{"r": 4}'},
         {"role": "user", "content": "and?"},
     ]
+
+
+def test_wrong_methods_and_unknown_paths_are_google_shaped(router_app):
+    wrong = httpx.get(f"{router_app.url}/v1beta/models/tiny:generateContent")
+    assert wrong.status_code == 405 and wrong.json()["error"]["status"] == "INVALID_ARGUMENT"
+    for path in ("/v1beta/models/tiny:embedContent", "/v1/models/tiny:batchGenerateContent"):
+        unknown = httpx.post(router_app.url + path, json=GOOD)
+        assert unknown.status_code == 404 and unknown.json()["error"]["status"] == "NOT_FOUND", unknown.text
