@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.base import Endpoint, EngineChunks, endpoint
 from slimeish.router.dialects.incremental import convert
-from slimeish.router.dialects.tools import JSONSchema, chat_tools, joined_text, tool_choice
+from slimeish.router.dialects.tools import JSONSchema, chat_tools, tool_choice
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import Conversation, InFlight, PlannedTurn, assistant_message, parse, serve_turn
@@ -141,7 +141,7 @@ class CountTokensRequest(_Google):
 # -- the request as a conversation ----------------------------------------------------------------
 def _system(req: CountTokensBody) -> list[JSONObject]:
     s = req.system_instruction
-    text = s if isinstance(s, str) else joined_text([p for p in s.parts if p.text is not None]) if s else ""
+    text = s if isinstance(s, str) else "".join(p.text or "" for p in s.parts) if s else ""
     return [{"role": "system", "content": text}] if text else []
 
 
