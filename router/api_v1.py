@@ -55,7 +55,7 @@ async def _completion(state: RouterState, turn: InFlight, body: JSONObject, star
         plan = capture.plan_tokens(prompt)
     params = sampling_params(state, session, req, req.max_tokens, len(plan.input_ids))
     if req.stream:
-        chunks = await engine_chunks(state, session, plan, params, {})
+        chunks = (await engine_chunks(state, session, plan, params, {})).chunks  # no keep-alive: it waits
         head, result = R.stream_head(req.model or state.model_name, "cmpl", "text_completion"), StreamedTurn()
         events = completion_events(chunks, head, req.n, params.get("stop", []), result)
         if not text_prompt:

@@ -73,7 +73,9 @@ class RouterConfig:
         30.0, help="seconds a session finish waits for the session's generating turns to be recorded"
     )
     stream_keepalive: float = help_field(
-        5.0, help="seconds without an event after which a stream sends one its client decodes (ping); 0 = never"
+        5.0,
+        help="seconds without an event after which a stream sends one its client decodes (ping), through the "
+        "prefill too: a stream whose first token is this late opens and keeps alive; 0 = never",
     )
     access_log: bool = help_field(False, help="log every request (method, path, status) to stderr, session keys masked")
     keep_finished: int = help_field(10_000, help="finished sessions whose summary GET /sessions/{id} still returns")

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from slimeish.router.api_v1 import completions, generate
 from slimeish.router.dialects.chat import chat_completions
+from slimeish.router.dialects.gemini import gemini_route
 from slimeish.router.dialects.messages import count_tokens, messages
 from slimeish.router.dialects.responses import responses
 from slimeish.router.errors import APIError, as_api_error, error_response
@@ -43,14 +44,20 @@ _ANONYMOUS: dict[str, TurnEndpoint] = {**_AGENT_APIS, "/generate": engine_genera
 _PER_SESSION: dict[str, TurnEndpoint] = {**_AGENT_APIS, "/generate": generate}
 
 
+def _route(table: dict[str, TurnEndpoint], path: str) -> tuple[str, TurnEndpoint] | None:
+    """(endpoint, handler): a path of `table`, or Gemini's `/v1beta/models/{model}:{method}`."""
+    handler = table.get(path)
+    return (path, handler) if handler else gemini_route(path)
+
+
 def match_turn_route(path: str) -> tuple[str, TurnEndpoint, str | None] | None:
     """(endpoint, handler, key in the path) of a turn endpoint, None for any other path."""
-    if handler := _ANONYMOUS.get(path):
-        return path, handler, None
+    if route := _route(_ANONYMOUS, path):
+        return *route, None
     if path.startswith("/s/"):
         key, slash, rest = path[3:].partition("/")
-        if key and slash and (handler := _PER_SESSION.get("/" + rest)):
-            return "/" + rest, handler, key
+        if key and slash and (route := _route(_PER_SESSION, "/" + rest)):
+            return *route, key
     return None
 
 

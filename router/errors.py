@@ -5,7 +5,8 @@ Domain code raises its own exceptions (the engine pool's, the store's `StoreUnav
 buffer's refusals); the HTTP layer raises `APIError`. `as_api_error` turns any exception into an
 `APIError` with its status; an unexpected one is a 500 whose details stay in the log. The body is
 OpenAI's `{"error": {"message", "type", "param", "code"}}`, except under `/v1/messages`, where it
-is Anthropic's `{"type": "error", "error": {"type", "message"}}`.
+is Anthropic's `{"type": "error", "error": {"type", "message"}}`, and on Gemini's paths
+(`gemini_path`), where it is Google's `{"error": {"code", "message", "status"}}`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class APIError(Exception):
         kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
+    def google_body(self) -> dict[str, Any]:
+        status = _GOOGLE_STATUS.get(self.status, "INTERNAL" if self.status >= 500 else "INVALID_ARGUMENT")
+        return {"error": {"code": self.status, "message": self.message, "status": status}}
+
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
@@ -73,11 +78,37 @@ _ANTHROPIC_TYPES = {
 }
 
 
+# Google's canonical status names by HTTP status (google.rpc.Code).
+_GOOGLE_STATUS = {
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def _api_path(path: str) -> str:
+    """`path` without a session's `/s/<key>`."""
+    return "/" + path[3:].partition("/")[2] if path.startswith("/s/") else path
+
+
 def anthropic_path(path: str) -> bool:
     """Whether `path` (with or without a session's `/s/<key>`) is under Anthropic's `/v1/messages`."""
-    if path.startswith("/s/"):
-        path = "/" + path[3:].partition("/")[2]
+    path = _api_path(path)
     return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def gemini_path(path: str) -> bool:
+    """Whether `path` (with or without a session's `/s/<key>`) is Gemini's: under `/v1beta/`, or a
+    method on a model under `/v1/` (`/v1/models/{model}:{method}`, google-genai's default version)."""
+    path = _api_path(path)
+    return path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path)
 
 
 def _server_error(status: int, code: str) -> Callable[[Exception], APIError]:
@@ -101,7 +132,8 @@ _BY_TYPE: dict[type[Exception], Callable[[Any], APIError]] = {
 # Shown with every unknown path, so that a misconfigured client learns where to point.
 _SERVED = (
     "the router serves POST /v1/chat/completions, POST /v1/responses, POST /v1/messages (Anthropic), "
-    "POST /v1/messages/count_tokens, POST /v1/completions and GET /v1/models (also under a "
+    "POST /v1/messages/count_tokens, POST /v1beta/models/<model>:generateContent, :streamGenerateContent and "
+    ":countTokens (Gemini; /v1/models/... too), POST /v1/completions and GET /v1/models (also under a "
     "session's base_url /s/<api_key>/v1), POST /s/<api_key>/generate (token-in), /sessions and /admin/* "
     "(operators), GET /health and GET /metrics; see docs/router.md"
 )
@@ -151,7 +183,7 @@ def from_validation_error(e: ValidationError, prefix: str = "") -> APIError:
 
 def error_response(e: APIError, path: str = "") -> Response:
     """The error in the shape of the API `path` belongs to, with its status."""
-    body = e.anthropic_body() if anthropic_path(path) else e.body()
+    body = e.anthropic_body() if anthropic_path(path) else e.google_body() if gemini_path(path) else e.body()
     return Response(orjson.dumps(body), e.status, headers=e.headers, media_type="application/json")
 
 

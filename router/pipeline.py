@@ -91,8 +91,11 @@ def bearer_token(request: Request) -> str:
 
 
 def request_key(request: Request) -> str:
-    """The key a client sent: `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic)."""
-    return bearer_token(request) or request.headers.get("x-api-key", "").strip()
+    """The key a client sent: `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), or
+    `x-goog-api-key` / `?key=` (Gemini)."""
+    headers = request.headers
+    key = bearer_token(request) or headers.get("x-api-key") or headers.get("x-goog-api-key")
+    return (key or request.query_params.get("key", "")).strip()
 
 
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
@@ -280,19 +283,43 @@ async def generate_replies(
     return gens, [assistant_message(state, g, turn.parse_tools, turn.forced) for g in gens]
 
 
+@dataclass
+class EngineStream:
+    chunks: AsyncIterator[tuple[JSONObject, str]]  # (SGLang's cumulative chunk, the engine's url)
+    overdue: bool  # no chunk came within the patience: the client is owed a keep-alive as the stream opens
+
+
 async def engine_chunks(
-    state: RouterState, session: Session | None, plan: TurnPlan, params: JSONObject, extra: JSONObject
-) -> AsyncIterator[tuple[JSONObject, str]]:
-    """The engine stream, started here so that failures before any output are HTTP errors."""
+    state: RouterState,
+    session: Session | None,
+    plan: TurnPlan,
+    params: JSONObject,
+    extra: JSONObject,
+    patience: float | None = None,
+) -> EngineStream:
+    """The engine stream, started here so that failures before any output are HTTP errors (which
+    SDKs retry), for up to `patience` seconds (a stream's keep-alive interval; None: however long
+    the first chunk takes). A longer prefill (15k-token harness prompts) opens the stream before
+    its first chunk, so that its client hears keep-alives through the prefill, not silence."""
     chunks = state.runner.stream(session, plan.input_ids, params, extra)
-    first = await anext(chunks)
+    first = asyncio.ensure_future(anext(chunks))
+    try:
+        done, _ = await asyncio.wait({first}, timeout=patience)
+    except BaseException:  # the request was cancelled (its client went away): so is the engine call
+        first.cancel()
+        raise
+    if done:
+        first.result()  # the engine's failure before any output, raised here: an HTTP error
 
     async def rest() -> AsyncIterator[tuple[JSONObject, str]]:
-        yield first
-        async for chunk in chunks:
-            yield chunk
+        try:
+            yield await first
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            first.cancel()
 
-    return rest()
+    return EngineStream(rest(), overdue=not done)
 
 
 ErrorEvent = Callable[[APIError], bytes]
@@ -314,13 +341,15 @@ def stream_response(
     result: StreamedTurn,
     started: float,
     shape: StreamShape,
+    overdue: bool = False,
 ) -> StreamingResponse:
-    """Send `events`, then record the turn (once the whole output is known), then `result.closing`."""
+    """Send `events`, then record the turn (once the whole output is known), then `result.closing`.
+    `overdue`: the client already waited a keep-alive interval (`EngineStream.overdue`)."""
     turn.handed_off = True
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            async for event in _recorded(state, turn, plan, events, result, started, shape):
+            async for event in _recorded(state, turn, plan, events, result, started, shape, overdue):
                 yield event
         finally:
             turn.end()
@@ -336,11 +365,12 @@ async def _recorded(
     result: StreamedTurn,
     started: float,
     shape: StreamShape,
+    overdue: bool,
 ) -> AsyncIterator[bytes]:
     """The stream's events; errors after the first byte are sent as the dialect's error event."""
     session = turn.session
     try:
-        async for event in with_keepalive(events, shape.keepalive, state.config.stream_keepalive):
+        async for event in with_keepalive(events, shape.keepalive, state.config.stream_keepalive, overdue):
             yield event
         check_not_aborted(result.generations)
         if session is not None:  # before the finish reasons, so the agent's next turn sees this one
@@ -357,10 +387,13 @@ async def _recorded(
 
 
 async def with_keepalive(
-    events: AsyncIterator[bytes], keepalive: Callable[[], bytes] | None, every: float
+    events: AsyncIterator[bytes], keepalive: Callable[[], bytes] | None, every: float, overdue: bool = False
 ) -> AsyncIterator[bytes]:
     """`events`, with `keepalive` sent whenever `every` seconds pass without one: clients with
-    idle watchdogs decode it as an event, so a long generation is not dropped."""
+    idle watchdogs decode it as an event, so a long prefill or generation is not dropped.
+    `overdue`: the client has waited `every` already, so the first keep-alive goes out as soon as
+    the events ready without waiting (the dialect's opening events, which some SDKs need first:
+    `response.created`) are out."""
     if keepalive is None or every <= 0:
         async for event in events:
             yield event
@@ -368,8 +401,11 @@ async def with_keepalive(
     pending = asyncio.ensure_future(anext(events))
     try:
         while True:
-            done, _ = await asyncio.wait({pending}, timeout=every)
+            if overdue:  # one turn of the loop runs `pending`'s first step: an event that needs no wait is done
+                await asyncio.sleep(0)
+            done, _ = await asyncio.wait({pending}, timeout=0 if overdue else every)
             if not done:
+                overdue = False
                 yield keepalive()
                 continue
             try:

@@ -29,6 +29,7 @@ from slimeish.router.engine_pool import EnginePool, engine_client
 from slimeish.router.errors import install_error_handlers
 from slimeish.router.limits import max_token_chars
 from slimeish.router.metrics import RouterMetrics
+from slimeish.router.pipeline import session_for_key
 from slimeish.router.renderers.base import Renderer
 from slimeish.router.renderers.select import load_renderer
 from slimeish.router.sessions import SessionRegistry
@@ -99,6 +100,7 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
     app.include_router(admin)
     install_error_handlers(app)
     _install_observability(app)
+    _install_base_urls(app)
     return app
 
 
@@ -157,6 +159,27 @@ def _install_observability(app: FastAPI) -> None:
         engines = get_state(request).pool.engines.values()
         ok = any(e.healthy for e in engines)
         return JSONResponse({"ok": ok, "healthy_engines": sum(e.healthy for e in engines)}, 200 if ok else 503)
+
+
+# Base URLs as agents are given them: OpenAI's ends in /v1, Anthropic's and Gemini's do not.
+_BASES = ("", "/v1", "/v1beta")
+
+
+def _install_base_urls(app: FastAPI) -> None:
+    """`GET`/`HEAD` on a base URL answer 200: agent programs probe it before their first request
+    (Claude Code sends `HEAD` to its base URL). A session's base URL says whether its key is open
+    (401 unknown, 409 finished), so a misconfigured agent learns it before its first turn."""
+
+    async def base(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    async def session_base(request: Request, api_key: str) -> JSONResponse:
+        session_for_key(get_state(request), api_key)
+        return JSONResponse({"ok": True})
+
+    for path in _BASES:
+        app.add_api_route(path or "/", base, methods=["GET", "HEAD"], include_in_schema=False)
+        app.add_api_route("/s/{api_key}" + path, session_base, methods=["GET", "HEAD"], include_in_schema=False)
 
 
 def _loopback(host: str) -> bool:

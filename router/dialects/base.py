@@ -95,12 +95,15 @@ def endpoint(dialect: Dialect) -> Endpoint:
         asked = dialect.turn(state, turn.session, body)
         planned = await plan_turn(state, turn.session, asked.conversation)
         if asked.stream:
-            chunks = await engine_chunks(state, turn.session, planned.plan, planned.params, asked.engine_extra)
+            patience = state.config.stream_keepalive or None  # past it, the stream opens and keeps alive
+            engine = await engine_chunks(
+                state, turn.session, planned.plan, planned.params, asked.engine_extra, patience
+            )
             result = StreamedTurn()
-            events = asked.events(state, planned, chunks, result)
+            events = asked.events(state, planned, engine.chunks, result)
             result.on_recorded.append(lambda: asked.recorded(result.body, result.answers))
             shape = StreamShape(asked.error_event, asked.keepalive)
-            return stream_response(state, turn, planned.plan, events, result, started, shape)
+            return stream_response(state, turn, planned.plan, events, result, started, shape, engine.overdue)
         gens, replies = await generate_replies(state, turn.session, planned, asked.engine_extra)
         out = asked.answer(state, planned, gens, replies)
         await record(state, turn, planned.plan, gens, replies, started)
