@@ -265,6 +265,10 @@ def check_trainer_hooks(setup: TrainSetup) -> None:
             rollout_data.load_advantage_function(loss.custom_advantage_function_path)
         if loss.rollout_data_postprocess_path:
             rollout_data.load_postprocess(loss.rollout_data_postprocess_path)
+    if loss.custom_loss_function_path or loss.custom_tis_function_path or loss.custom_pg_loss_reducer_function_path:
+        from slimeish.trainer.loss_hooks import LossHooks
+
+        LossHooks.load(loss)
     if setup.run.custom_update_weight_post_write_path:
         if setup.run.weight_sync != "disk":
             raise ValueError(

@@ -353,15 +353,9 @@ _refuse_all(
 _refuse_all(["--num-critic-only-steps", "--value-clip", "--gamma", "--lambd"], NO_CRITIC)
 _refuse_all(["--normalize-advantages", "--use-unbiased-kl", "--use-rollout-entropy"], NO_CRITIC)
 _refuse_all(
-    [
-        "--custom-loss-function-path",
-        "--custom-tis-function-path",
-        "--custom-pg-loss-reducer-function-path",
-        "--opsm-delta",
-    ],
-    "slime's loss hooks take Megatron's packed batch and logits and call slime's own Megatron helpers: losses "
-    "are --loss-type, --policy-loss, --advantage-estimator (or --custom-advantage-function-path); slime's TIS/MIS "
-    "functions are --tis with --tis-mode and --tis-level, and --icepop (docs/losses.md)",
+    ["--opsm-delta"],
+    "OPSM (--use-opsm) is not offered: mask off-policy negative samples with a --custom-tis-function-path, or "
+    "use --tis --tis-mode mask / --icepop (docs/losses.md)",
 )
 _refuse_all(
     ["--opd-teacher-load", "--opd-teacher-ckpt-step"],
