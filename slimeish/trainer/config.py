@@ -179,7 +179,16 @@ class TrainerConfig:
     lr: float = help_field(1e-6, help="peak learning rate")
     min_lr: float = help_field(0.0, help="learning rate at the end of the decay")
     lr_warmup_steps: int = help_field(0, help="linear warm-up steps from 0 to --lr")
-    lr_decay_steps: int | None = help_field(None, help="steps of decay after warm-up (unset: constant)")
+    lr_warmup_fraction: float | None = help_field(
+        None,
+        help="slime's (Megatron's) warm-up as a fraction of the run's optimizer steps; `slimeish train` sets "
+        "--lr-warmup-steps from it (default: None)",
+    )
+    lr_decay_steps: int | None = help_field(
+        None,
+        help="steps of decay after warm-up (unset: `slimeish train` decays over the rest of the run, as Megatron "
+        "over its train iterations)",
+    )
     lr_decay_style: Literal["constant", "linear", "cosine"] = help_field("constant", help="decay shape after warm-up")
     weight_decay: float = help_field(0.0, help="AdamW weight decay")
     adam_beta1: float = help_field(0.9, help="AdamW beta1")
@@ -210,8 +219,8 @@ class TrainerConfig:
             raise ValueError("micro_batch_tokens must be > 0")
         if self.global_batch_size is not None and self.global_batch_size <= 0:
             raise ValueError("global_batch_size must be > 0")
-        if self.lr_decay_style != "constant" and not self.lr_decay_steps:
-            raise ValueError(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps")
+        if self.lr_warmup_fraction is not None and not 0 <= self.lr_warmup_fraction <= 1:
+            raise ValueError("lr_warmup_fraction must be in [0, 1]")
 
     def use_gpu(self) -> bool:
         import torch

@@ -271,7 +271,8 @@ class Trainer:
 
     def _custom_loss(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
         """slime's custom loss on a micro-batch: its reduced loss over the global batch's normaliser."""
-        cfg = self.loss_config
+        cfg, custom_loss = self.loss_config, self.loss_hooks.loss
+        assert custom_loss is not None  # called only with --loss-type custom_loss
         logits = packed_logits(gpt_logits(self.model, mb.input_ids, self.shape.vocab_size), mb)
         if old_mb is None:  # one optimizer step: pi_old is the current policy, detached
             old_mb = packed_response_log_probs(logits.detach(), mb)
@@ -284,7 +285,7 @@ class Trainer:
         reduce = get_sum_of_sample_mean(
             batch["total_lengths"], batch["response_lengths"], batch["loss_masks"], None, per_token_loss
         )
-        loss, log = self.loss_hooks.loss(self.args, batch, logits, reduce)
+        loss, log = custom_loss(self.args, batch, logits, reduce)
         loss = loss / normalizer
         loss.backward()
         _add_hook_sums(sums, log)
