@@ -15,7 +15,7 @@ import functools
 import json
 import random
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,15 +52,13 @@ class DataConfig:
 
 
 def read_prompts(path: Path, cfg: DataConfig) -> list[Sample]:
-    """One prompt `Sample` per JSONL line; fails with the line number on a bad line."""
+    """One prompt `Sample` per JSONL line (or Parquet row, as slime reads a `.parquet` --prompt-data);
+    fails with the line number on a bad line."""
     samples = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, row in _rows(Path(path)):
         try:
-            row = json.loads(line)
             prompt = row[cfg.input_key]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{lineno}: expected a JSON object with key {cfg.input_key!r} ({exc})") from exc
         label = row.get(cfg.label_key) if cfg.label_key else None
         metadata = dict(row.get(cfg.metadata_key) or {}) if cfg.metadata_key else {}
@@ -72,6 +70,22 @@ def read_prompts(path: Path, cfg: DataConfig) -> list[Sample]:
     if not samples:
         raise ValueError(f"{path}: no prompts")
     return samples
+
+
+def _rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line or row number, row) of a JSONL file, or of a Parquet file by its suffix."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from enumerate(pq.read_table(path).to_pylist(), 1)
+        return
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not a JSON line ({exc})") from exc
 
 
 def _tools(value: Any, where: str) -> list[Any]:

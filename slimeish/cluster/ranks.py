@@ -44,7 +44,7 @@ class TrainerRank:
 
     def start(
         self, rank: int, world: int, master: tuple[str, int], trainer: TrainerConfig, loss: LossConfig,
-        sync: WeightSyncConfig,
+        sync: WeightSyncConfig, hook_args: dict[str, Any],
     ) -> int:  # fmt: skip
         from slimeish.trainer.trainer import Trainer
         from slimeish.trainer.weight_sync import WeightSync
@@ -52,7 +52,7 @@ class TrainerRank:
         # Ray shows an actor only the GPUs it reserved (CUDA_VISIBLE_DEVICES): its device is 0.
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=master[0],
                           MASTER_PORT=str(master[1]))  # fmt: skip
-        self.trainer = Trainer(trainer, loss)
+        self.trainer = Trainer(trainer, loss, hook_args)
         self.sync = WeightSync(sync)
         return self.trainer.weight_version
 
@@ -81,13 +81,14 @@ class TrainerRanks:
 
     def __init__(
         self, cluster: ClusterConfig, trainer: TrainerConfig, loss: LossConfig, sync: WeightSyncConfig, *,
-        run_id: str, engine_urls: Sequence[str], startup_timeout: float,
+        run_id: str, engine_urls: Sequence[str], startup_timeout: float, hook_args: dict[str, Any] | None = None,
     ):  # fmt: skip
         # Actors resolve relative paths from their own working directory.
         self._configs = (dataclasses.replace(trainer, model_path=Path(trainer.model_path).resolve()), loss, sync)
         self.world, self.run_id = cluster.trainer_world_size, run_id
         self.placement = Placement.of(cluster, "trainer")
         self.engine_urls, self.startup_timeout = list(engine_urls), startup_timeout
+        self.hook_args = hook_args or {}  # more of the args slime's trainer hooks receive (the custom config)
         self.ranks: list[Any] = []  # handles to `TrainerRank` actors
         self.node_ids: list[str] = []
         self._weight_version = 0
@@ -130,7 +131,10 @@ class TrainerRanks:
         trainer, loss, sync = self._configs
         if sync.method == "distributed":  # the engines join rank 0's NCCL group: its address, not loopback
             sync = dataclasses.replace(sync, nccl_master_address=host)
-        started = [r.start.remote(i, self.world, (host, port), trainer, loss, sync) for i, r in enumerate(self.ranks)]
+        started = [
+            r.start.remote(i, self.world, (host, port), trainer, loss, sync, self.hook_args)
+            for i, r in enumerate(self.ranks)
+        ]
         self._weight_version = ray.get(started)[0]
         log.info("trainer ranks on nodes %s; rank 0 at %s:%d", [n[:8] for n in self.node_ids], host, port)
 

@@ -14,12 +14,15 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def load_function(path: str, *, expected: str, params: list[str], is_async: bool | None = None) -> Callable[..., Any]:
-    """Import `path` ("module.attr" or "module:attr") and check it takes `params` positionally.
+def load_function(
+    path: str, *, expected: str, params: list[str], is_async: bool | None = None, keywords: Sequence[str] = ()
+) -> Callable[..., Any]:
+    """Import `path` ("module.attr" or "module:attr") and check it takes `params` positionally
+    (then `keywords` by name: hooks that are called with keyword arguments).
 
     `expected` is the human-readable signature shown in errors, e.g.
     "async def reward(args, sample) -> float".
@@ -36,18 +39,25 @@ def load_function(path: str, *, expected: str, params: list[str], is_async: bool
     func = getattr(module, attr, None)
     if not callable(func):
         raise ValueError(f"plugin {path!r}: {module_name} has no function {attr!r}; expected {expected}")
-    check_signature(func, path=path, expected=expected, params=params, is_async=is_async)
+    check_signature(func, path=path, expected=expected, params=params, is_async=is_async, keywords=keywords)
     return func
 
 
 def check_signature(
-    func: Callable[..., Any], *, path: str, expected: str, params: list[str], is_async: bool | None = None
+    func: Callable[..., Any],
+    *,
+    path: str,
+    expected: str,
+    params: list[str],
+    is_async: bool | None = None,
+    keywords: Sequence[str] = (),
 ) -> None:
-    """Raise ValueError unless `func` accepts `params` positionally (and is async iff `is_async`)."""
+    """Raise ValueError unless `func` accepts `params` positionally and `keywords` by name (and is
+    async iff `is_async`)."""
     if is_async is not None and inspect.iscoroutinefunction(func) != is_async:
         kind = "an async function" if is_async else "a plain (non-async) function"
         raise ValueError(f"plugin {path!r} must be {kind}; expected {expected}")
     try:
-        inspect.signature(func).bind(*params)
+        inspect.signature(func).bind(*params, **dict.fromkeys(keywords))
     except TypeError as exc:
         raise ValueError(f"plugin {path!r} has the wrong signature ({exc}); expected {expected}") from exc

@@ -25,7 +25,7 @@ from slimeish.train.ledger import TrainedGroups
 from slimeish.train.metrics import MetricsLogger, RouterCounters
 from slimeish.train.producer import RolloutProducer
 from slimeish.train.setup import RunConfig, TrainSetup, plugin_args
-from slimeish.train.slime_hooks import PluginDataSource, SlimeHooks, load_data_source_class
+from slimeish.train.slime_hooks import PluginDataSource, SlimeHooks, custom_config, load_data_source_class
 
 if TYPE_CHECKING:  # torch and megatron load only once a run starts
     from slimeish.common.sample import Sample
@@ -118,12 +118,13 @@ async def trainer_and_sync(
     """The trainer in this process and its weight sync, or (--trainer-world-size) its rank actors,
     each with its own weight sync (`slimeish.cluster.ranks`)."""
     config = sync_config(setup.run, stack)
+    hook_args = custom_config(setup.slime_hooks)  # slime's hooks read the custom config's keys on args
     if setup.cluster.trainer_world_size:
         from slimeish.cluster.ranks import RanksSync, TrainerRanks  # Ray is an optional dependency
 
         ranks = TrainerRanks(
             setup.cluster, setup.trainer, setup.loss, config, run_id=run_id, engine_urls=stack.engine_urls,
-            startup_timeout=setup.stack.startup_timeout,
+            startup_timeout=setup.stack.startup_timeout, hook_args=hook_args,
         )  # fmt: skip
         await asyncio.to_thread(ranks.__enter__)
         try:
@@ -134,7 +135,7 @@ async def trainer_and_sync(
     from slimeish.trainer.trainer import Trainer
     from slimeish.trainer.weight_sync import WeightSync
 
-    trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss)
+    trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss, hook_args)
     with WeightSync(config) as sync:
         yield trainer, sync
 

@@ -35,6 +35,7 @@ from slimeish.rollout.rm_hub import ASYNC_RM_PATH, check_rm_type
 from slimeish.rollout.run_state import RUN_ARG, RolloutRun
 from slimeish.rollout.sample_hooks import load_sample_hooks
 from slimeish.train.launch import StackConfig
+from slimeish.train.model_args import check_model_args
 from slimeish.train.slime_flags import SlimeConfig, SlimeFlagError, translate
 from slimeish.train.slime_hooks import (
     SlimeHooks,
@@ -65,10 +66,14 @@ class RunConfig:
     )
     eval_interval: int | None = help_field(None, help="evaluate on --eval-prompt-data every N steps (and first/last)")
     save_interval: int | None = help_field(None, help="save a checkpoint every N steps (and at the end)")
+    save: Path | None = help_field(
+        None, help="slime's --save: the folder checkpoints are written to (default: <run-dir>/checkpoints)"
+    )
     load: Path | None = help_field(
         None,
-        help="resume from this checkpoint directory (default: the run dir's checkpoints/latest when there is one, "
-        "so running the same command again resumes)",
+        help="resume from this checkpoint directory, or a checkpoints folder's latest (slime's --load; the same "
+        "folder as --save starts fresh while it holds none) (default: the run dir's checkpoints/latest when there "
+        "is one, so running the same command again resumes)",
     )
     fresh: bool = help_field(False, help="start at step 0 even if the run dir holds a checkpoint")
     async_groups: int | None = help_field(
@@ -90,12 +95,18 @@ class RunConfig:
 
     @property
     def checkpoints(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.save or self.run_dir / "checkpoints"
 
     def checkpoint_to_load(self) -> Path | None:
         """`--load`, else the run dir's latest checkpoint unless `--fresh`: a supervisor (systemd,
-        Kubernetes, Slurm --requeue) restarts a killed trainer with the same command, and it resumes."""
+        Kubernetes, Slurm --requeue) restarts a killed trainer with the same command, and it resumes.
+        A `--load` that is a checkpoints folder (slime's: its --save) resumes from its latest one, and
+        is a fresh start while it holds none yet when it is this run's --save (slime's first run)."""
         if self.load is not None:
+            if (self.load / "latest").exists():
+                return self.load / "latest"
+            if self.load == self.save and not any(self.load.glob("step_*")):
+                return None
             return self.load
         latest = self.checkpoints / "latest"
         return latest if latest.exists() and not self.fresh else None
@@ -195,11 +206,28 @@ def parse_args(argv: list[str] | None, base: TrainSetup | None = None) -> TrainS
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     setup = TrainSetup(**configs, plugin=plugin)
+    if setup.loss.loss_type == "sft_loss" and ns.n_samples_per_prompt is None and "n_samples_per_prompt" not in values:
+        # Nothing is sampled for SFT: a prompt's group is its one conversation (slime's default group size).
+        setup.rollout = dataclasses.replace(setup.rollout, n_samples_per_prompt=1)
     if setup.run.num_epoch and ns.num_rollout is None and "num_rollout" not in values:
         setup.run = dataclasses.replace(setup.run, num_rollout=epochs_to_rollouts(setup))
     if setup.data.prompt_data is None and not setup.slime_hooks.data_source_path:  # before any process starts
         parser.error("--prompt-data (or --data-source-path) is required")
+    setup.trainer = lr_schedule(setup)
     return setup
+
+
+def lr_schedule(setup: TrainSetup) -> TrainerConfig:
+    """The trainer's config with Megatron's schedule defaults over the run's optimizer steps (slime's train
+    iterations): --lr-warmup-fraction of them warm up, and an unset --lr-decay-steps decays over the rest."""
+    t, r = setup.trainer, setup.rollout
+    per_rollout = r.rollout_batch_size * r.n_samples_per_prompt // t.global_batch_size if t.global_batch_size else 1
+    total = setup.run.num_rollout * per_rollout
+    warmup = t.lr_warmup_steps if t.lr_warmup_fraction is None else int(t.lr_warmup_fraction * total)
+    decay = t.lr_decay_steps
+    if decay is None and t.lr_decay_style != "constant":
+        decay = max(1, total - warmup)
+    return dataclasses.replace(t, lr_warmup_steps=warmup, lr_decay_steps=decay)
 
 
 def epochs_to_rollouts(setup: TrainSetup) -> int:
@@ -247,6 +275,7 @@ def check_plugins(setup: TrainSetup) -> None:
     if setup.slime_hooks.data_source_path:
         load_data_source_class(setup.slime_hooks.data_source_path)
     check_trainer_hooks(setup)
+    check_model_args(setup.slime.model_arg or [], setup.trainer.model_path)
 
 
 def check_trainer_hooks(setup: TrainSetup) -> None:
@@ -265,6 +294,10 @@ def check_trainer_hooks(setup: TrainSetup) -> None:
             rollout_data.load_advantage_function(loss.custom_advantage_function_path)
         if loss.rollout_data_postprocess_path:
             rollout_data.load_postprocess(loss.rollout_data_postprocess_path)
+    if loss.custom_loss_function_path or loss.custom_tis_function_path or loss.custom_pg_loss_reducer_function_path:
+        from slimeish.trainer.loss_hooks import LossHooks
+
+        LossHooks.load(loss)
     if setup.run.custom_update_weight_post_write_path:
         if setup.run.weight_sync != "disk":
             raise ValueError(

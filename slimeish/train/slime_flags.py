@@ -9,11 +9,13 @@ with what to use instead. None is dropped silently; docs/coming_from_slime.md ha
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from slimeish.common.config import help_field
+from slimeish.train.model_args import BOOLEAN, FLAGS, as_arg
 
 
 @dataclass(kw_only=True)
@@ -41,6 +43,11 @@ class SlimeConfig:
         "(--rm-url), random, or boxed_<type> (slimeish.rollout.rm_hub) (default: None)",
     )
     rm_url: str | None = help_field(None, help="a remote reward model's URL, on args for plugins (default: None)")
+    model_arg: list[str] | None = help_field(
+        None,
+        help="slime's MODEL_ARGS (--num-layers, --hidden-size, --qk-layernorm, ...) as name=value: each is checked "
+        "against --hf-checkpoint's config.json at start-up, which the model is built from (default: None)",
+    )
     loss_mask_type: Literal["qwen", "qwen3", "qwen3_5", "distill_qwen"] = help_field(
         "qwen", help="slimeish.utils.mask_utils.MultiTurnLossMaskGenerator's template (default: qwen)"
     )
@@ -92,7 +99,7 @@ PLACEMENT = (
 WEIGHTS = "weights go to the engines after every step by --weight-sync tensor|disk|distributed"
 LOGGING = "metrics go to <run-dir>/metrics.jsonl, shown by `slimeish viewer` (--viewer-port)"
 MEGATRON = "the trainer is configured by --micro-batch-tokens, --dtype, --tensor-parallel and the optimizer flags"
-ARCH = "the architecture is read from --hf-checkpoint's config.json: drop the MODEL_ARGS"
+ARCH = "the architecture is read from --hf-checkpoint's config.json (MODEL_ARGS are checked against it)"
 ENGINE = "embedded engines take no SGLang options: start SGLang yourself with them and pass --engine-url"
 DEBUG = "no debug dumps: `slimeish buffer export` writes the trained samples"
 NO_CRITIC = "no critic or PPO value model: --advantage-estimator grpo|dr_grpo"
@@ -151,11 +158,21 @@ RULES: dict[str, Rule] = {
     "--eval-prompt-data": _to("+", _eval_prompt_data),
     "--disable-compute-advantages-and-returns": _to(0, lambda _: ["--no-compute-advantages"]),
     "--rollout-external-engine-addrs": _to("+", _engine_addrs),
+    # slime's MODEL_ARGS: checked against the checkpoint's config.json at start-up (model_args)
+    **{flag: _to(0 if flag[2:].replace("-", "_") in BOOLEAN else 1, functools.partial(as_arg, flag)) for flag in FLAGS},
     # accepted with a note: what slimeish always does, or Megatron speed/memory tuning
     "--debug-train-only": _noop(
         0,
         "engines start anyway: slime's train-only run (its SFT rollout) generates nothing and leaves them idle; "
         "its debug rollout data (--load-debug-rollout-data) is refused",
+    ),
+    **dict.fromkeys(
+        ["--actor-num-nodes", "--actor-num-gpus-per-node"],
+        _noop(
+            1,
+            "the trainer runs on --device, as data-parallel ranks with --trainer-world-size (--launcher ray); the "
+            "loss is normalised over the global batch, so the update is the same on any number of ranks",
+        ),
     ),
     "--use-kl-loss": _noop(0, "the KL loss is on when --kl-loss-coef (--kl-coef) > 0"),
     "--use-dynamic-batch-size": _noop(0, "micro-batches are always packed by --micro-batch-tokens"),
@@ -239,7 +256,6 @@ REFUSED: dict[str, str] = {
     ),
     "--ref-ckpt-step": ("the KL reference is the initial --hf-checkpoint"),
     "--ref-update-interval": ("the KL reference stays the initial --hf-checkpoint"),
-    "--save": (CKPT),
     "--async-save": (CKPT),
     "--no-save-optim": (CKPT),
     "--save-hf": (CKPT + " (HF format, loadable by --hf-checkpoint)"),
@@ -253,8 +269,6 @@ def _refuse_all(flags: Sequence[str], why: str) -> None:
 
 _refuse_all(
     [
-        "--actor-num-nodes",
-        "--actor-num-gpus-per-node",
         "--rollout-num-gpus",
         "--rollout-num-gpus-per-engine",
         "--num-gpus-per-node",
@@ -319,48 +333,13 @@ _refuse_all(
     ],
     MEGATRON,
 )
-_refuse_all(
-    [
-        "--num-layers",
-        "--hidden-size",
-        "--ffn-hidden-size",
-        "--num-attention-heads",
-        "--num-query-groups",
-        "--kv-channels",
-        "--normalization",
-        "--norm-epsilon",
-        "--rotary-base",
-        "--vocab-size",
-        "--position-embedding-type",
-        "--max-position-embeddings",
-        "--seq-length",
-    ],
-    ARCH,
-)
-_refuse_all(
-    [
-        "--group-query-attention",
-        "--use-rotary-position-embeddings",
-        "--disable-bias-linear",
-        "--swiglu",
-        "--untie-embeddings-and-output-weights",
-        "--qk-layernorm",
-        "--add-qkv-bias",
-    ],
-    ARCH,
-)
+_refuse_all(["--seq-length"], ARCH)
 _refuse_all(["--num-critic-only-steps", "--value-clip", "--gamma", "--lambd"], NO_CRITIC)
 _refuse_all(["--normalize-advantages", "--use-unbiased-kl", "--use-rollout-entropy"], NO_CRITIC)
 _refuse_all(
-    [
-        "--custom-loss-function-path",
-        "--custom-tis-function-path",
-        "--custom-pg-loss-reducer-function-path",
-        "--opsm-delta",
-    ],
-    "slime's loss hooks take Megatron's packed batch and logits and call slime's own Megatron helpers: losses "
-    "are --loss-type, --policy-loss, --advantage-estimator (or --custom-advantage-function-path); slime's TIS/MIS "
-    "functions are --tis with --tis-mode and --tis-level, and --icepop (docs/losses.md)",
+    ["--opsm-delta"],
+    "OPSM (--use-opsm) is not offered: mask off-policy negative samples with a --custom-tis-function-path, or "
+    "use --tis --tis-mode mask / --icepop (docs/losses.md)",
 )
 _refuse_all(
     ["--opd-teacher-load", "--opd-teacher-ckpt-step"],

@@ -23,6 +23,7 @@ class MicroBatch:
     indices: list[int]  # positions of these rows in the caller's sample list
     input_ids: Tensor  # [b, L] prompt + response, right-padded with 0
     response_start: Tensor  # [b] index of the logit that predicts the first response token
+    response_lengths: Tensor  # [b] response tokens of each row (the rest of its R positions are padding)
     loss_mask: Tensor  # [b, R] float, 0 on padding and on tokens the model did not sample
     rollout_log_probs: Tensor  # [b, R] engine log-probs (0 where missing)
     advantages: Tensor  # [b, R] the sample's advantage on every response position
@@ -42,7 +43,8 @@ class MicroBatch:
 
 
 _TENSORS = (
-    "input_ids", "response_start", "loss_mask", "rollout_log_probs", "advantages", "has_rollout", "teacher_log_probs",
+    "input_ids", "response_start", "response_lengths", "loss_mask", "rollout_log_probs", "advantages",
+    "has_rollout", "teacher_log_probs",
 )  # fmt: skip
 
 
@@ -89,6 +91,7 @@ def _collate(samples: list[Sample], indices: list[int], advantages: Tensor) -> M
         indices=indices,
         input_ids=input_ids,
         response_start=starts,
+        response_lengths=torch.tensor([s.response_length for s in samples]),
         loss_mask=mask,
         rollout_log_probs=rollout,
         advantages=_per_token(advantages.float(), resp_len),

@@ -15,10 +15,11 @@ from slimeish.common.config import help_field
 
 @dataclass(kw_only=True)
 class LossConfig:
-    loss_type: Literal["policy_loss", "sft_loss"] = help_field(
+    loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = help_field(
         "policy_loss",
         help="slime's loss types. policy_loss: the policy-gradient loss of --policy-loss; sft_loss: the negative "
-        "log-likelihood of the loss-mask tokens (SFT: no advantages, no rollout log-probs used)",
+        "log-likelihood of the loss-mask tokens (SFT: no advantages, no rollout log-probs used); custom_loss: "
+        "--custom-loss-function-path's",
     )
     advantage_estimator: Literal["grpo", "dr_grpo"] = help_field(
         "grpo", help="grpo: (r - group mean) / group std; dr_grpo: r - group mean (no std division)"
@@ -89,6 +90,25 @@ class LossConfig:
         "(slimeish.trainer.rollout_data) (default: None)",
     )
 
+    custom_loss_function_path: str | None = help_field(
+        None,
+        help="slime's loss with --loss-type custom_loss, per micro-batch: def loss(args, batch, logits, "
+        "sum_of_sample_mean) -> (loss, metrics); logits [1, T, V] of the packed sequences (slimeish.trainer."
+        "loss_hooks) (default: None)",
+    )
+    custom_tis_function_path: str | None = help_field(
+        None,
+        help="slime's off-policy correction in place of --tis-mode's, with --tis: def tis(args, *, pg_loss, "
+        "train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths, **kwargs) -> "
+        "(pg_loss, loss_masks, metrics) (default: None)",
+    )
+    custom_pg_loss_reducer_function_path: str | None = help_field(
+        None,
+        help="slime's reduction of the policy-gradient loss in place of --loss-aggregation's: def reducer("
+        "total_lengths, response_lengths, loss_masks, calculate_per_token_loss) -> Callable[[Tensor], Tensor] "
+        "(default: None)",
+    )
+
     def __post_init__(self) -> None:
         if self.eps_clip < 0 or (self.eps_clip_high is not None and self.eps_clip_high < 0):
             raise ValueError("eps_clip and eps_clip_high must be >= 0")
@@ -97,10 +117,11 @@ class LossConfig:
         if self.loss_type == "sft_loss" and (self.tis or self.icepop):
             raise ValueError("--loss-type sft_loss trains on no rollout log-probs; drop --tis / --icepop")
         self._check_opd()
-        if not self.compute_advantages and self.loss_type != "sft_loss":
+        self._check_loss_hooks()
+        if not self.compute_advantages and self.loss_type == "policy_loss":
             raise ValueError(
                 "--no-compute-advantages (slime's --disable-compute-advantages-and-returns): the policy loss trains "
-                "on advantages; only --loss-type sft_loss uses none"
+                "on advantages; only --loss-type sft_loss or custom_loss may use none"
             )
         if self.tis and self.icepop:
             raise ValueError("--tis and --icepop are two corrections of the same mismatch; choose one")
@@ -118,6 +139,19 @@ class LossConfig:
         if self.tis:
             return self.tis_mode, self.tis_level, self.tis_clip_low, self.tis_clip_high
         return None
+
+    def _check_loss_hooks(self) -> None:
+        """slime calls each loss hook in one place only: a hook given where it would never run is refused."""
+        if (self.loss_type == "custom_loss") != bool(self.custom_loss_function_path):
+            raise ValueError("--loss-type custom_loss and --custom-loss-function-path go together: give both")
+        policy = self.loss_type == "policy_loss"
+        if self.custom_tis_function_path and not (policy and self.tis):
+            raise ValueError(
+                "--custom-tis-function-path is slime's correction of the policy loss under --use-tis: give --tis "
+                "(and --loss-type policy_loss)"
+            )
+        if self.custom_pg_loss_reducer_function_path and not policy:
+            raise ValueError("--custom-pg-loss-reducer-function-path reduces the policy loss: --loss-type policy_loss")
 
     def _check_opd(self) -> None:
         if not self.use_opd:
@@ -145,7 +179,16 @@ class TrainerConfig:
     lr: float = help_field(1e-6, help="peak learning rate")
     min_lr: float = help_field(0.0, help="learning rate at the end of the decay")
     lr_warmup_steps: int = help_field(0, help="linear warm-up steps from 0 to --lr")
-    lr_decay_steps: int | None = help_field(None, help="steps of decay after warm-up (unset: constant)")
+    lr_warmup_fraction: float | None = help_field(
+        None,
+        help="slime's (Megatron's) warm-up as a fraction of the run's optimizer steps; `slimeish train` sets "
+        "--lr-warmup-steps from it (default: None)",
+    )
+    lr_decay_steps: int | None = help_field(
+        None,
+        help="steps of decay after warm-up (unset: `slimeish train` decays over the rest of the run, as Megatron "
+        "over its train iterations)",
+    )
     lr_decay_style: Literal["constant", "linear", "cosine"] = help_field("constant", help="decay shape after warm-up")
     weight_decay: float = help_field(0.0, help="AdamW weight decay")
     adam_beta1: float = help_field(0.9, help="AdamW beta1")
@@ -181,8 +224,8 @@ class TrainerConfig:
             raise ValueError("micro_batch_tokens must be > 0")
         if self.global_batch_size is not None and self.global_batch_size <= 0:
             raise ValueError("global_batch_size must be > 0")
-        if self.lr_decay_style != "constant" and not self.lr_decay_steps:
-            raise ValueError(f"lr_decay_style={self.lr_decay_style!r} needs lr_decay_steps")
+        if self.lr_warmup_fraction is not None and not 0 <= self.lr_warmup_fraction <= 1:
+            raise ValueError("lr_warmup_fraction must be in [0, 1]")
 
     def use_gpu(self) -> bool:
         import torch

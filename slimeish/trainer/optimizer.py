@@ -22,7 +22,8 @@ def lr_at(step: int, cfg: TrainerConfig) -> float:
         return cfg.lr * (step + 1) / cfg.lr_warmup_steps
     if cfg.lr_decay_style == "constant":
         return cfg.lr
-    assert cfg.lr_decay_steps  # checked by TrainerConfig
+    if not cfg.lr_decay_steps:  # `slimeish train` sets them; a Trainer built directly must
+        raise ValueError(f"lr_decay_style={cfg.lr_decay_style!r} needs lr_decay_steps")
     progress = min(1.0, (step - cfg.lr_warmup_steps) / cfg.lr_decay_steps)
     if cfg.lr_decay_style == "linear":
         return cfg.lr + (cfg.min_lr - cfg.lr) * progress

@@ -34,8 +34,16 @@ from slimeish.trainer.distributed import (
     init_distributed,
 )
 from slimeish.trainer.forward import response_log_probs
+from slimeish.trainer.loss_hooks import (
+    LossHooks,
+    get_sum_of_sample_mean,
+    packed_logits,
+    packed_response_log_probs,
+    rollout_batch,
+    slime_loss_args,
+)
 from slimeish.trainer.megatron_hooks import MegatronHooks, trainer_args
-from slimeish.trainer.model import build_gpt_model, model_shape, moe_aux_loss, start_moe_step
+from slimeish.trainer.model import build_gpt_model, gpt_logits, model_shape, moe_aux_loss, start_moe_step
 from slimeish.trainer.optimizer import (
     build_cpu_optimizer,
     build_gpu_optimizer,
@@ -48,7 +56,8 @@ from slimeish.trainer.routing_replay import ModelRouting
 
 
 class Trainer:
-    def __init__(self, config: TrainerConfig, loss: LossConfig | None = None):
+    def __init__(self, config: TrainerConfig, loss: LossConfig | None = None, hook_args: dict[str, Any] | None = None):
+        """`hook_args`: more of the `args` slime's hooks receive (slimeish train's --custom-config-path keys)."""
         from transformers import AutoConfig
 
         self.config, self.loss_config = config, loss or LossConfig()
@@ -61,7 +70,10 @@ class Trainer:
             config.custom_megatron_before_log_prob_hook_path,
             config.custom_megatron_before_train_step_hook_path,
         )
-        self.args = trainer_args(config, self.loss_config)  # what slime's Megatron hooks receive
+        # What slime's trainer-side hooks receive: the options, under slime's names too, and the custom config.
+        self.args = trainer_args(config, self.loss_config)
+        vars(self.args).update(slime_loss_args(self.loss_config) | (hook_args or {}))
+        self.loss_hooks = LossHooks.load(self.loss_config)
         if self.hooks.init is not None:
             self.hooks.init(self.args)
         self.hf_config = AutoConfig.from_pretrained(config.model_path)
@@ -192,6 +204,7 @@ class Trainer:
         grad_norm = self._apply_gradients()
         tokens = max(sums.pop("tokens", 0.0), 1.0)
         metrics = {k: v / tokens for k, v in sums.items() if not k.startswith("_")}
+        metrics.update({k.removeprefix(HOOK): v / normalizer for k, v in sums.items() if k.startswith(HOOK)})
         metrics.update(loss=sums["_loss"], grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], tokens=tokens)
         if sums.get("_is_tokens"):
             metrics["rollout_kl"] = sums["_rollout_kl"] / sums["_is_tokens"]
@@ -223,6 +236,8 @@ class Trainer:
         return response_log_probs(self.model, mb, self.shape.vocab_size)
 
     def _micro_batch(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
+        if self.loss_hooks.loss is not None:
+            return self._custom_loss(mb, old_mb, normalizer, sums)
         cfg, mask = self.loss_config, mb.loss_mask
         log_p, entropy = self._log_probs(mb)
         trainer_old = log_p.detach() if old_mb is None else old_mb.to(self.device)
@@ -233,20 +248,30 @@ class Trainer:
         per_token, stats = L.policy_loss(cfg, log_p, old, advantages, mask)
         if cfg.use_opd:
             stats["opd_kl"] = L.masked_mean(reverse_kl, mask)
-        if cfg.correction() is not None:
+        pg_mask, per_token_loss = mask, cfg.loss_aggregation == "token"
+        if self.loss_hooks.tis is not None:  # slime's custom TIS, in place of --tis-mode's weights
+            hooked = self.loss_hooks.correct(self.args, per_token, trainer_old, mb, per_token_loss)
+            per_token, pg_mask, hook_stats = hooked
+            _add_hook_sums(sums, hook_stats)
+        elif cfg.correction() is not None:
             weights, correction_stats = L.off_policy_correction(cfg, trainer_old, mb.rollout_log_probs, mask)
             per_token = per_token * weights
             stats.update(correction_stats)
         stats["pg_loss"] = L.masked_mean(per_token, mask).detach()
+        extra = torch.zeros_like(per_token)  # the KL and entropy terms, reduced by --loss-aggregation
         if self.reference is not None:
             with torch.no_grad():
                 ref_log_p, _ = response_log_probs(self.reference, mb, self.shape.vocab_size)
             kl = L.kl_penalty(log_p, ref_log_p, cfg.kl_estimator)
-            per_token = per_token + cfg.kl_coef * kl
+            extra = extra + cfg.kl_coef * kl
             stats["ref_kl"] = L.masked_mean(kl, mask).detach()
         if cfg.entropy_coef:
-            per_token = per_token - cfg.entropy_coef * entropy
-        loss = L.aggregate(per_token, mask, cfg.loss_aggregation, normalizer)
+            extra = extra - cfg.entropy_coef * entropy
+        if self.loss_hooks.reduce_pg:  # slime's reduction (a custom reducer, or a TIS hook's masks)
+            pg = self.loss_hooks.reduce(per_token, pg_mask, mb, per_token_loss) / normalizer
+            loss = pg + L.aggregate(extra, mask, cfg.loss_aggregation, normalizer)
+        else:
+            loss = L.aggregate(per_token + extra, mask, cfg.loss_aggregation, normalizer)
         loss.backward()
         n = mask.sum().item()
         stats["entropy"] = L.masked_mean(entropy.detach(), mask)
@@ -255,6 +280,30 @@ class Trainer:
         sums["_loss"] += loss.item()  # this rank's share of the global batch loss
         sums["tokens"] += n
         self._rollout_stats(trainer_old, mb, sums)
+
+    def _custom_loss(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
+        """slime's custom loss on a micro-batch: its reduced loss over the global batch's normaliser."""
+        cfg, custom_loss = self.loss_config, self.loss_hooks.loss
+        assert custom_loss is not None  # called only with --loss-type custom_loss
+        logits = packed_logits(gpt_logits(self.model, mb.input_ids, self.shape.vocab_size), mb)
+        if old_mb is None:  # one optimizer step: pi_old is the current policy, detached
+            old_mb = packed_response_log_probs(logits.detach(), mb)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref, _ = response_log_probs(self.reference, mb, self.shape.vocab_size)
+        batch = rollout_batch(mb, old_mb.to(self.device), ref)
+        per_token_loss = cfg.loss_aggregation == "token"
+        reduce = get_sum_of_sample_mean(
+            batch["total_lengths"], batch["response_lengths"], batch["loss_masks"], None, per_token_loss
+        )
+        loss, log = custom_loss(self.args, batch, logits, reduce)
+        loss = loss / normalizer
+        loss.backward()
+        _add_hook_sums(sums, log)
+        sums["_loss"] += loss.item()
+        sums["tokens"] += mb.loss_mask.sum().item()
+        self._rollout_stats(old_mb.to(self.device), mb, sums)
 
     @staticmethod
     def _rollout_stats(trainer_log_p: Tensor, mb: MicroBatch, sums: dict) -> None:
@@ -321,6 +370,14 @@ class Trainer:
         """Restore model, optimizer and counters; returns the saved data position."""
         self.state = checkpoint.load_checkpoint(Path(ckpt_dir), model=self.model, optimizer=self.optimizer)
         return self.state.data_state
+
+
+HOOK = "_hook:"  # sums of the metrics slime's loss hooks return, reduced per micro-batch
+
+
+def _add_hook_sums(sums: dict, metrics: dict[str, Any]) -> None:
+    for k, v in metrics.items():
+        sums[HOOK + k] += float(v)
 
 
 def _rows(mb: MicroBatch, per_sample: list[list[float]]) -> Tensor:

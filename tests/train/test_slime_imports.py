@@ -43,6 +43,11 @@ IMPORTS: dict[str, list[str]] = {
         "math_dapo_utils.compute_score", "deepscaler.get_deepscaler_rule_based_reward", "f1.f1_score",
     ],
     "slime.rollout.filter_hub.base_types": ["DynamicFilterOutput"],
+    "slime.rollout.sft_rollout": ["generate_rollout"],
+    "slime.backends.megatron_utils.loss": ["get_log_probs_and_entropy"],
+    "slime.backends.megatron_utils.cp_utils": [
+        "all_gather_with_cp", "slice_log_prob_with_cp", "get_sum_of_sample_mean",
+    ],
     "slime.rollout.filter_hub.dynamic_sampling_filters": [
         "check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback",
     ],
