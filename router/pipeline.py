@@ -91,8 +91,11 @@ def bearer_token(request: Request) -> str:
 
 
 def request_key(request: Request) -> str:
-    """The key a client sent: `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic)."""
-    return bearer_token(request) or request.headers.get("x-api-key", "").strip()
+    """The key a client sent: `X-Session-ID` (harnesses that share one base URL among rollouts and
+    name each rollout in a header; it wins, as their SDK's own key is a placeholder then),
+    `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic)."""
+    headers = request.headers
+    return headers.get("x-session-id", "").strip() or bearer_token(request) or headers.get("x-api-key", "").strip()
 
 
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:

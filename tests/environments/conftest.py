@@ -34,7 +34,10 @@ def stack(tiny_model, tmp_path_factory) -> Iterator[Stack]:
     proc, engine = start_engine(tiny_model, logs)
     log: list = []
     try:
-        with EmbeddedServer(logs / "valkey") as valkey, serve_app(recording_proxy(engine, log), startup_timeout=30) as proxy:
+        with (
+            EmbeddedServer(logs / "valkey") as valkey,
+            serve_app(recording_proxy(engine, log), startup_timeout=30) as proxy,
+        ):
             yield Stack(proxy, valkey.url, log)
     finally:
         proc.stop()
