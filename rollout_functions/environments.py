@@ -62,6 +62,18 @@ class EnvConfig:
             raise ValueError(f"--env-id is required: the {self.extra} environment to run")
 
 
+@dataclass(frozen=True, slots=True)
+class EpisodeContext:
+    """Where an episode runs: the rollout call's `args`, its step, and whether it evaluates."""
+
+    args: Any
+    rollout_id: int
+    evaluation: bool
+
+    def group_size(self) -> int:
+        return self.args.n_samples_per_eval_prompt if self.evaluation else self.args.n_samples_per_prompt
+
+
 @dataclass(slots=True)
 class Outcome:
     """What an environment's scorer gave one episode: the trained reward and its named parts."""
@@ -82,13 +94,33 @@ class EnvAdapter(ABC):
         """`n` prompt records (`prompt`, `label`) of the environment's `split` ("train" or "eval")."""
 
     @abstractmethod
-    async def run(self, session: Session, sample: Sample, args: Any) -> Outcome:
+    async def run(self, session: Session, sample: Sample, ctx: EpisodeContext) -> Outcome:
         """Let the environment play one episode through `session` and score it."""
 
     @staticmethod
     def client(session: Session) -> openai.AsyncOpenAI:
         """An OpenAI client on the session's base URL, over the rollout call's HTTP pool."""
         return session_client(session, http_client())
+
+
+class Conversation:
+    """One player's chat through its session: every request is the previous one plus the assistant
+    message the router returned and the environment's new observations, so the router extends
+    the captured tokens turn by turn and the whole episode stays one segment."""
+
+    def __init__(self, client: openai.AsyncOpenAI, messages: list[dict[str, Any]]) -> None:
+        self.client = client
+        self.messages = list(messages)
+
+    def observe(self, messages: list[dict[str, Any]]) -> None:
+        self.messages.extend(messages)
+
+    async def act(self) -> str:
+        """One model turn; its text is the action."""
+        reply = await self.client.chat.completions.create(model="policy", messages=self.messages)  # type: ignore[arg-type]
+        message = reply.choices[0].message
+        self.messages.append(message.model_dump(exclude_none=True))
+        return message.content or ""
 
 
 @functools.cache
@@ -106,9 +138,10 @@ def run_env(
 ) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
     """A rollout step of an adapter: every sample one episode of the environment in its own session."""
     adapter = adapter_for(cls, args.env_id, args.env_args)
+    ctx = EpisodeContext(args, rollout_id, evaluation)
 
     async def episode(session: Session, sample: Sample) -> Sample:
-        outcome = await adapter.run(session, sample, args)
+        outcome = await adapter.run(session, sample, ctx)
         sample.status = Status.COMPLETED
         sample.reward, sample.scores = float(outcome.reward), outcome.scores
         return sample

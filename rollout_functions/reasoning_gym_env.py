@@ -19,7 +19,15 @@ from typing import Any
 
 from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slimeish.rollout_functions.environments import EnvAdapter, EnvConfig, Outcome, prompts_main, require_extra, run_env
+from slimeish.rollout_functions.environments import (
+    EnvAdapter,
+    EnvConfig,
+    EpisodeContext,
+    Outcome,
+    prompts_main,
+    require_extra,
+    run_env,
+)
 from slimeish.rollout_functions.sessions import Session
 
 # a held-out split draws from another seed range, so no generated question is in both
@@ -57,7 +65,7 @@ class ReasoningGym(EnvAdapter):
             for e in dataset
         ]  # fmt: skip
 
-    async def run(self, session: Session, sample: Sample, args: Any) -> Outcome:
+    async def run(self, session: Session, sample: Sample, ctx: EpisodeContext) -> Outcome:
         reply = await self.client(session).chat.completions.create(model="policy", messages=sample.prompt)
         text = reply.choices[0].message.content or ""
         answer = self.utils.extract_answer(text)

@@ -18,13 +18,23 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 from dataclasses import dataclass
 from typing import Any, Literal
+from unittest import mock
 
 from slimeish.common.config import help_field
 from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slimeish.rollout_functions.environments import EnvAdapter, EnvConfig, Outcome, prompts_main, require_extra, run_env
+from slimeish.rollout_functions.environments import (
+    EnvAdapter,
+    EnvConfig,
+    EpisodeContext,
+    Outcome,
+    prompts_main,
+    require_extra,
+    run_env,
+)
 from slimeish.rollout_functions.sessions import Session
 
 # a row's fields besides its prompt that verifiers' rollout input carries
@@ -52,7 +62,12 @@ class Verifiers(EnvAdapter):
 
     @functools.cached_property
     def env(self) -> Any:
-        return self.vf.load_environment(self.env_id, **self.env_args)
+        # A verifiers Environment installs SIGINT/SIGTERM handlers when built (its teardown, then
+        # exit), which fails outside the main thread (slimeish train's producer runs rollouts in
+        # its own) and would replace the handlers with which slimeish stops its processes. The
+        # process's signals stay slimeish's; the environment's teardown still runs at exit (atexit).
+        with mock.patch.object(signal, "signal", lambda signum, handler: None):
+            return self.vf.load_environment(self.env_id, **self.env_args)
 
     def records(self, n: int, seed: int, split: str) -> list[dict[str, Any]]:
         rows = self.env.get_eval_dataset(n, seed) if split == "eval" else self.env.get_dataset(n, seed)
@@ -61,11 +76,11 @@ class Verifiers(EnvAdapter):
             for row in rows
         ]
 
-    async def run(self, session: Session, sample: Sample, args: Any) -> Outcome:
+    async def run(self, session: Session, sample: Sample, ctx: EpisodeContext) -> Outcome:
         from verifiers.clients import OpenAIChatCompletionsClient
         from verifiers.types import ClientConfig
 
-        if getattr(args, "env_session_form", "path") == "header":
+        if getattr(ctx.args, "env_session_form", "path") == "header":
             config = ClientConfig(
                 api_base_url=f"{session.router_url.rstrip('/')}/v1", extra_headers={"X-Session-ID": session.api_key},
                 max_retries=0,  # a retried turn would be captured twice
