@@ -64,6 +64,17 @@ def stored_samples(buffer_url: str, run_id: str) -> list[Sample]:
     return asyncio.run(read())
 
 
+def finish_scores(buffer_url: str, run_id: str, session_ids: list[str]) -> list[dict]:
+    """The named scores each session was finished with (its finish metadata's `scores`)."""
+
+    async def read() -> list[dict]:
+        async with Buffer(buffer_url, run_id) as buf:
+            views = await buf.sessions(session_ids)
+            return [views[sid].finish_metadata.get("scores", {}) for sid in session_ids]
+
+    return asyncio.run(read())
+
+
 def engine_calls(sample: Sample, log: list) -> list:
     """The engine's (request, response) pairs whose prompt and sampled tokens lie along `sample`'s
     tokens, by prompt length (equal turns of two members, e.g. greedy eval, count once)."""
@@ -75,9 +86,10 @@ def engine_calls(sample: Sample, log: list) -> list:
     return [calls[k] for k in sorted(calls)]
 
 
-def check_run(stack: Stack, run_dir: Path, renderer=None) -> list[Sample]:
+def check_run(stack: Stack, run_dir: Path, scores: set[str] = frozenset()) -> list[Sample]:
     """Three trained steps on the weights that sampled them; every stored sample is one unsplit
-    episode whose tokens, mask and log-probs are exactly what the engine received and sampled."""
+    episode whose tokens, mask and log-probs are exactly what the engine received and sampled,
+    finished with the environment's named `scores` beside its reward."""
     steps = [r for r in read_metrics(run_dir) if "train/loss" in r]
     assert [r["step"] for r in steps] == [0, 1, 2]
     assert all(r["train/rollout_logprob_abs_diff_max"] <= 1e-4 for r in steps)
@@ -87,5 +99,7 @@ def check_run(stack: Stack, run_dir: Path, renderer=None) -> list[Sample]:
         assert sample.segment_index == 0 and sample.split_reason is None  # no split inside an episode
         calls = engine_calls(sample, stack.engine_log)
         assert calls, "every stored turn was sampled by the engine"
-        assert_exact_capture(sample, calls, renderer)
+        assert_exact_capture(sample, calls, None)
+    for named in finish_scores(stack.buffer_url, run_dir.name, [s.session_id for s in samples]):
+        assert scores <= set(named), named
     return samples

@@ -31,5 +31,5 @@ def test_task_trains_three_steps_with_exact_capture(task, tiny_model, stack, tmp
         (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in adapter.records(n, 0, split)))
     run_dir = tmp_path / f"rg-{task}"
     run_train(stack, tiny_model, run_dir, ADAPTER, "--env-id", task, "--prompt-data", str(data / "train.jsonl"))
-    samples = check_run(stack, run_dir)
+    samples = check_run(stack, run_dir, scores={"score", "answered"})
     assert all(0.0 <= s.reward <= 1.0 for s in samples)  # score_answer's range

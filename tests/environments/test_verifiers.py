@@ -36,7 +36,8 @@ def test_environment_trains_three_steps_with_exact_capture(env, form, tiny_model
         stack, tiny_model, run_dir, ADAPTER, "--env-id", ENVS + env, "--env-session-form", form,
         "--prompt-data", str(tmp_path / "data" / "train.jsonl"), "--rollout-max-response-len", "8",
     )  # fmt: skip
-    samples = check_run(stack, run_dir)
+    rubric = {"reverse_text": "prefix_score", "guess_number": "found", "calculator": "correct"}[env]
+    samples = check_run(stack, run_dir, scores={rubric, "num_turns"})  # the rubric's parts beside its reward
     if env == "guess_number":  # three guesses with the environment's hints between them, in one segment
         assert all(s.loss_mask.count(0) > 0 for s in samples)
     if env == "calculator":  # the environment's tool reached the model's prompt
