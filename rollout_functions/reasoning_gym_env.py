@@ -20,6 +20,7 @@ from typing import Any
 from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slimeish.rollout_functions.environments import (
+    Conversation,
     EnvAdapter,
     EnvConfig,
     EpisodeContext,
@@ -66,8 +67,8 @@ class ReasoningGym(EnvAdapter):
         ]  # fmt: skip
 
     async def run(self, session: Session, sample: Sample, ctx: EpisodeContext) -> Outcome:
-        reply = await self.client(session).chat.completions.create(model="policy", messages=sample.prompt)
-        text = reply.choices[0].message.content or ""
+        prompt = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": sample.prompt}]
+        text = await Conversation(self.client(session), prompt).act()
         answer = self.utils.extract_answer(text)
         score = float(self.scorer.score_answer(answer=answer, entry=sample.label))
         sample.response = text

@@ -22,7 +22,7 @@ def test_prompts_carry_the_generator_entry_and_splits_differ(tmp_path):
     assert adapter.scorer.score_answer(answer=entry["answer"], entry=entry) == 1.0
 
 
-@pytest.mark.parametrize("task", ["leg_counting", "basic_arithmetic", "spell_backward"])
+@pytest.mark.parametrize("task", ["leg_counting", "basic_arithmetic", "spell_backward", "chain_sum", "letter_counting"])
 def test_task_trains_three_steps_with_exact_capture(task, tiny_model, stack, tmp_path):
     data = tmp_path / "data"
     adapter = ReasoningGym(task, {})
