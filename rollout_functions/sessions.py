@@ -185,6 +185,8 @@ async def run_groups(
             # a failed member's error, or its teacher log-probs (slime's OPD post-process sets them), and its record
             metadata = {"error": lead.metadata["error"]} if failed else teacher_metadata(member)
             metadata |= lead.metadata.get(STORED_METADATA, {})
+            if lead.scores and not failed:  # the named scores beside the reward (an environment's rubric parts)
+                metadata["scores"] = dict(lead.scores)
             await sessions.finish(session, None if failed else reward, lead.status, metadata)
 
         async def one_group(group: list[Sample]) -> list[Sample]:

@@ -30,7 +30,7 @@ from slimeish.router.native import engine_generate
 
 TurnEndpoint = Callable[[Request, str | None], Awaitable[Response]]
 
-# Served with a session key in the path (`/s/<key>...`) or in a header (Bearer, x-api-key).
+# Served with a session key in the path (`/s/<key>...`) or in a header (X-Session-ID, Bearer, x-api-key).
 _AGENT_APIS: dict[str, TurnEndpoint] = {
     "/v1/chat/completions": chat_completions,
     "/v1/completions": completions,

@@ -91,11 +91,12 @@ def bearer_token(request: Request) -> str:
 
 
 def request_key(request: Request) -> str:
-    """The key a client sent: `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), or
-    `x-goog-api-key` / `?key=` (Gemini)."""
+    """The key a client sent: `X-Session-ID` (harnesses that share one base URL among rollouts and
+    name each rollout in a header; it wins, as their SDK's own key is a placeholder then),
+    `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), or `x-goog-api-key` / `?key=` (Gemini)."""
     headers = request.headers
-    key = bearer_token(request) or headers.get("x-api-key") or headers.get("x-goog-api-key")
-    return (key or request.query_params.get("key", "")).strip()
+    key = headers.get("x-session-id") or bearer_token(request) or headers.get("x-api-key")
+    return (key or headers.get("x-goog-api-key") or request.query_params.get("key", "")).strip()
 
 
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:

@@ -33,6 +33,10 @@ PLUGINS = [
     "slimeish.rollout_functions.openai_agent.generate_rollout",
     "slimeish.rollout_functions.agent_command.generate_rollout",
     "slimeish.rollout_functions.harness.generate_rollout",
+    "slimeish.rollout_functions.reasoning_gym_env.generate_rollout",
+    "slimeish.rollout_functions.verifiers_env.generate_rollout",
+    "slimeish.rollout_functions.textarena_env.generate_rollout",
+    "slimeish.rollout_functions.skyrl_gym_env.generate_rollout",
 ]
 
 HEADER = """# Command-line reference

@@ -97,6 +97,26 @@ def test_bearer_key_on_v1_and_models(router_app, tiny_model):
     assert router_app.record(session["session_id"])["turns"] == 1
 
 
+def test_x_session_id_header_on_one_shared_base_url(router_app):
+    """Harnesses that share one base URL among rollouts name each in `X-Session-ID`: it picks the
+    session over the SDK's placeholder key, and a wrong one is refused whatever the bearer says."""
+    a, b = router_app.new_session(), router_app.new_session()
+    client = openai.OpenAI(base_url=router_app.url + "/v1", api_key="EMPTY", max_retries=0)
+    for session in (a, b, a):
+        client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_headers={"X-Session-ID": session["api_key"]},
+        )  # fmt: skip
+    assert [router_app.record(s["session_id"])["turns"] for s in (a, b)] == [2, 1]
+    r = httpx.post(
+        router_app.url + "/v1/chat/completions",
+        json={"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        headers={"X-Session-ID": a["api_key"] + "x", "Authorization": f"Bearer {b['api_key']}"},
+    )
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert router_app.record(b["session_id"])["turns"] == 1
+
+
 async def test_async_clients_run_concurrent_sessions(router_app):
     sessions = [router_app.new_session(group_id="g-async", index=i, group_size=4) for i in range(4)]
 

@@ -1,0 +1,73 @@
+"""SkyRL-Gym text environments (`skyrl_gym.make`), stepped by the model's turns.
+
+    slimeish train --rollout-function-path slimeish.rollout_functions.skyrl_gym_env \\
+        --env-id gsm8k_multi_turn --prompt-data DATA.jsonl ...
+
+SkyRL-Gym environments take their tasks from the user's dataset, as in SkyRL: each JSONL record
+is `prompt` (chat messages) and `label`, the environment's `extras` (`reward_spec.ground_truth`,
+`extra_info`, ...); `--env-args` is its `env_config`. An episode is the environment's own loop:
+`init(prompt)` gives the first messages, then each model turn through the member's session is an
+`action`, `step(action)` answers with observation messages (user or tool), until `done`. The
+reward is the episode's return, the sum of the step rewards (SkyRL-Gym rewards turns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from slimeish.common.sample import Sample
+from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slimeish.rollout_functions.environments import (
+    Conversation,
+    EnvAdapter,
+    EnvConfig,
+    EpisodeContext,
+    Outcome,
+    require_extra,
+    run_env,
+)
+from slimeish.rollout_functions.sessions import Session
+
+
+@dataclass(kw_only=True)
+class SkyRLGymConfig(EnvConfig):
+    package = "skyrl_gym"
+    extra = "skyrl-gym"
+
+
+ROLLOUT_CONFIG = SkyRLGymConfig
+
+
+class SkyRLGym(EnvAdapter):
+    def __init__(self, env_id: str, env_args: dict[str, Any]) -> None:
+        super().__init__(env_id, env_args)
+        self.gym = require_extra("skyrl_gym", "skyrl-gym")
+
+    def records(self, n: int, seed: int, split: str) -> list[dict[str, Any]]:
+        raise ValueError(
+            "SkyRL-Gym environments have no task generator: write a JSONL of `prompt` (chat messages) "
+            'and `label` (the environment\'s extras, e.g. {"reward_spec": {"ground_truth": ...}})'
+        )
+
+    async def run(self, session: Session, sample: Sample, ctx: EpisodeContext) -> Outcome:
+        env = self.gym.make(self.env_id, env_config=self.env_args, extras=sample.label)
+        try:
+            first, _ = env.init(sample.prompt)
+            chat, rewards = Conversation(self.client(session), first), []
+            while True:
+                out = env.step(await chat.act())
+                rewards.append(float(out["reward"]))
+                if out["done"]:
+                    break
+                chat.observe(out["observations"])
+            metrics = {k: float(v) for k, v in env.get_metrics().items() if isinstance(v, (int, float))}
+        finally:
+            env.close()
+        return Outcome(sum(rewards), {"turns": float(len(rewards)), "last_step_reward": rewards[-1], **metrics})
+
+
+def generate_rollout(
+    args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
+) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    return run_env(SkyRLGym, args, rollout_id, data_source, evaluation)
