@@ -35,7 +35,8 @@ class StoreUnavailable(RuntimeError):
 
 class TurnStore(Protocol):
     async def open_session(self, info: SessionInfo) -> None: ...
-    async def append_turn(self, turn: Turn) -> None: ...
+    async def append_turn(self, turn: Turn, epoch: int) -> None: ...
+    async def revoke_turns(self, session_id: str, from_index: int, epoch: int) -> None: ...
     async def finish_session(
         self, session_id: str, reward: float | None, status: Status, metadata: dict[str, Any]
     ) -> None: ...
@@ -70,8 +71,11 @@ class BufferStore:
     async def open_session(self, info: SessionInfo) -> None:
         await asyncio.wait_for(self.buffer.open_session(info), self.timeout)
 
-    async def append_turn(self, turn: Turn) -> None:
-        await asyncio.wait_for(self.buffer.append_turn(turn), self.timeout)
+    async def append_turn(self, turn: Turn, epoch: int) -> None:
+        await asyncio.wait_for(self.buffer.append_turn(turn, epoch), self.timeout)
+
+    async def revoke_turns(self, session_id: str, from_index: int, epoch: int) -> None:
+        await asyncio.wait_for(self.buffer.revoke_turns(session_id, from_index, epoch), self.timeout)
 
     async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: JSONObject) -> None:
         await asyncio.wait_for(self.buffer.finish_session(session_id, reward, status, metadata), self.timeout)
@@ -98,12 +102,15 @@ class MemoryStore:
         self.sessions[info.session_id] = info
         self.turns.setdefault(info.session_id, [])  # opening again (a retry) keeps what it has
 
-    async def append_turn(self, turn: Turn) -> None:
+    async def append_turn(self, turn: Turn, epoch: int) -> None:
         turn.validate()
         turns = self.turns[turn.session_id]
         if turn.turn_index < len(turns):  # a retried write, stored once as the buffer does
             return
         turns.append(turn)
+
+    async def revoke_turns(self, session_id: str, from_index: int, epoch: int) -> None:
+        del self.turns[session_id][from_index:]
 
     async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: JSONObject) -> None:
         self.finished[session_id] = (reward, status, metadata)
