@@ -37,10 +37,15 @@ class RouterConfig:
         "regeneration: a router that died held them (set by `slimeish train`); with --router-id only the "
         "sessions of that id, so several routers can share a run",
     )
+    buffer_connect_timeout: float = help_field(
+        60.0,
+        help="seconds the router tries to reach --buffer-url at start-up (a log line per failed attempt) "
+        "before it exits with one line naming it",
+    )
     store_timeout: float = help_field(
         5.0,
         help="seconds a buffer write may take before the request is answered 503 store_unavailable "
-        "(the write may still land: the same request again gets the same result)",
+        "(a turn answered so is never stored; a create or finish sent again gets the same result)",
     )
     admin_token: str | None = help_field(None, help="bearer token for /admin and /sessions; unset = no auth there")
     host: str = help_field(

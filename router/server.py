@@ -8,6 +8,7 @@ import contextlib
 import copy
 import gc
 import ipaddress
+import logging.config
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,7 +34,7 @@ from slimeish.router.renderers.base import Renderer
 from slimeish.router.renderers.select import load_renderer
 from slimeish.router.sessions import SessionRegistry
 from slimeish.router.state import RouterState, get_state
-from slimeish.router.storage import MemoryStore, TurnStore
+from slimeish.router.storage import BufferUnreachable, MemoryStore, TurnStore, wait_for_buffer
 from slimeish.router.turns import TurnRunner
 
 
@@ -48,6 +49,7 @@ async def open_store(config: RouterConfig) -> TurnStore:
         config.store_timeout,
         recover=config.recover_open_sessions,
         owner=config.router_id,
+        connect_timeout=config.buffer_connect_timeout,
     )
 
 
@@ -200,6 +202,12 @@ def main(argv: list[str] | None = None) -> None:
             "anyone could open and finish sessions or swap engines; set --admin-token, or --insecure-no-admin-token "
             "if that is intended\n",
         )
+    logging.config.dictConfig(log_config(config.access_log))
+    if config.buffer_url is not None:  # before serving: one last line naming it, not uvicorn's traceback
+        try:
+            asyncio.run(wait_for_buffer(config.buffer_url, config.buffer_connect_timeout))
+        except BufferUnreachable as e:
+            parser.exit(1, f"{parser.prog}: error: {e}\n")
     # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
     app = create_app(config, freeze_gc=True)
     uvicorn.run(
