@@ -95,10 +95,21 @@ def request_key(request: Request) -> str:
 
 
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
-    """The session owning the key (URL path or header), None for an allowed anonymous call."""
-    if path_key is not None:
-        return session_for_key(state, path_key)
+    """The session owning the key (URL path or header), None for an allowed anonymous call. A
+    session key in the header that is not the URL's is refused like a wrong key: a credential that
+    contradicts the URL is a client's bug (or a leak), not something to guess about. Any other
+    header value is the placeholder SDKs send with a base URL that carries the key, and is ignored."""
     key = request_key(request)
+    if path_key is not None:
+        session = session_for_key(state, path_key)
+        if key and key != path_key and (key.startswith(KEY_PREFIX) or state.sessions.knows(key)):
+            raise APIError(
+                401,
+                "the key in the request's header belongs to another session than the key in its URL",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        return session
     if state.config.allow_anonymous and not key.startswith(KEY_PREFIX) and not state.sessions.knows(key):
         return None
     return session_for_key(state, key)
