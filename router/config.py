@@ -61,6 +61,14 @@ class RouterConfig:
     max_body_bytes: int = help_field(
         32 * 2**20, help="largest request body in bytes, checked before it is read whole (413 beyond)"
     )
+    header_timeout: float = help_field(
+        10.0,
+        help="seconds a connection has to send a request's line and headers (from its opening, or a later "
+        "request's first byte) before it is closed; only `slimeish router` (the process) applies it",
+    )
+    body_timeout: float = help_field(
+        30.0, help="seconds a request's whole body has to arrive after its headers (408 and the connection closed)"
+    )
     max_messages: int = help_field(
         10_000, help="most messages (Responses: input items) in one request, checked before validation (400 beyond)"
     )

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import functools
 import gc
 import ipaddress
 import logging.config
@@ -25,6 +26,7 @@ from slimeish.common.redact import RedactSecrets
 from slimeish.router.admin import admin
 from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
+from slimeish.router.connections import HeadDeadlineProtocol
 from slimeish.router.dispatch import RouterApp
 from slimeish.router.engine_pool import EnginePool, engine_client
 from slimeish.router.errors import install_error_handlers
@@ -211,5 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
     app = create_app(config, freeze_gc=True)
     uvicorn.run(
-        app, host=config.host, port=config.port, log_config=log_config(config.access_log), timeout_keep_alive=75
+        app,
+        host=config.host,
+        port=config.port,
+        log_config=log_config(config.access_log),
+        timeout_keep_alive=75,
+        http=functools.partial(HeadDeadlineProtocol, header_timeout=config.header_timeout),  # type: ignore[arg-type]
     )

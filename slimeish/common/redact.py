@@ -70,4 +70,4 @@ def mask_process_logs() -> None:
         if not any(isinstance(f, RedactSecrets) for f in handler.filters):
             handler.addFilter(RedactSecrets())
     if not isinstance(sys.stderr, RedactedStream):
-        sys.stderr = RedactedStream(sys.stderr)  # type: ignore[assignment]
+        sys.stderr = RedactedStream(sys.stderr)
