@@ -21,6 +21,7 @@ from slimeish.buffer.errors import (
     ConflictError,
     NotTakenError,
     SessionFinishedError,
+    StaleWriteError,
     UnknownGroupError,
     UnknownSessionError,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "SessionFinishedError",
     "SessionInfo",
     "SessionView",
+    "StaleWriteError",
     "TakeResult",
     "Turn",
     "UnknownGroupError",

@@ -45,6 +45,7 @@ from slimeish.buffer.scripts import (
     APPEND_TURN,
     FINISH_SESSION,
     OPEN_SESSION,
+    REVOKE_TURNS,
     SET_REWARD,
     AbortArgs,
     AbortKeys,
@@ -52,6 +53,7 @@ from slimeish.buffer.scripts import (
     FinishArgs,
     FinishKeys,
     OpenArgs,
+    RevokeArgs,
     RewardArgs,
     SessionKeys,
     TurnKeys,
@@ -155,8 +157,10 @@ class Buffer:
         keys = SessionKeys(session=k.session(sid), group=k.group(gid), members=k.members(gid), stats=k.stats)
         return bool(await self._scripts.run(OPEN_SESSION, keys, args))
 
-    async def append_turn(self, turn: Turn) -> bool:
-        """Store one turn. Turns arrive in order; a retried identical turn is stored once (returns False)."""
+    async def append_turn(self, turn: Turn, epoch: int = 0) -> bool:
+        """Store one turn. Turns arrive in order; a retried identical turn is stored once (returns False).
+        `epoch`: the session's write epoch (0 until `revoke_turns`); a write from an older one is
+        refused with StaleWriteError."""
         packed = turn.pack()
         cached = self._turns.get(turn.session_id, [])
         if len(cached) < turn.turn_index:  # appended by another process (or before a restart): read them
@@ -166,11 +170,22 @@ class Buffer:
         check_next_turn(previous, packed, 1 + max((t.segment_index for t in earlier), default=-1))
         k, sid = self.keys, turn.session_id
         keys = TurnKeys(session=k.session(sid), turns=k.turns(sid), stats=k.stats)
-        args = AppendArgs(session_id=sid, turn_index=turn.turn_index, payload=encode_turn(packed))
+        args = AppendArgs(session_id=sid, turn_index=turn.turn_index, payload=encode_turn(packed), epoch=epoch)
         stored = await self._scripts.run(APPEND_TURN, keys, args)
         if stored and len(cached) == turn.turn_index:
             self._turns.setdefault(turn.session_id, cached).append(packed)
         return bool(stored)
+
+    async def revoke_turns(self, session_id: str, from_index: int, epoch: int) -> bool:
+        """Drop the session's turns from `from_index` on and move it to write epoch `epoch` (above
+        the current one), so that writes of those turns still on their way are refused: the
+        router's undo of turns whose client was told they failed. False if already done (a retry)."""
+        k = self.keys
+        keys = TurnKeys(session=k.session(session_id), turns=k.turns(session_id), stats=k.stats)
+        args = RevokeArgs(session_id=session_id, from_index=from_index, epoch=epoch)
+        revoked = bool(await self._scripts.run(REVOKE_TURNS, keys, args))
+        self._turns.pop(session_id, None)  # read back on the next write
+        return revoked
 
     async def finish_session(
         self,

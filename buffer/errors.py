@@ -27,6 +27,10 @@ class ConflictError(BufferInputError):
     """A write with the same identity (session, group slot, turn index) but different content."""
 
 
+class StaleWriteError(BufferInputError):
+    """A turn written before its session's turns were revoked (`Buffer.revoke_turns`): refused."""
+
+
 class NotTakenError(BufferInputError):
     """ack/give_back of a group that is not currently handed out to a trainer."""
 
@@ -39,6 +43,7 @@ ERROR_CODES: dict[str, type[BufferInputError]] = {
     "FINISHED": SessionFinishedError,
     "CONFLICT": ConflictError,
     "NOTTAKEN": NotTakenError,
+    "STALE": StaleWriteError,
 }
 
 

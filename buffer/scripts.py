@@ -156,14 +156,19 @@ class AppendArgs(NamedTuple):
     session_id: str
     turn_index: int
     payload: bytes
+    epoch: int  # the session's write epoch the writer knows: a write from before a `REVOKE_TURNS` is refused
 
 
 APPEND_TURN = LuaScript(
     TurnKeys,
     AppendArgs,
     """
-local status = redis.call('HGET', KEYS[1], 'status')
+local status, epoch = unpack(redis.call('HMGET', KEYS[1], 'status', 'epoch'))
 if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
+if (epoch or '0') ~= ARGV[4] then
+  return redis.error_reply('STALE turn ' .. ARGV[2] .. ' of session ' .. ARGV[1] .. ' was written at epoch ' ..
+    ARGV[4] .. ', revoked since (the session is at epoch ' .. (epoch or '0') .. ')')
+end
 local previous = redis.call('HGET', KEYS[2], ARGV[2])
 if previous then
   if previous == ARGV[3] then return 0 end
@@ -180,6 +185,40 @@ end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'n_turns', n + 1)
 redis.call('HINCRBY', KEYS[3], 'bytes_turns', #ARGV[3])
+return 1
+""",
+)
+
+
+class RevokeArgs(NamedTuple):
+    session_id: str
+    from_index: int
+    epoch: int  # the epoch the session moves to: writes sent before it are refused
+
+
+# The turns from `from_index` on are dropped, and the session moves to a new write epoch, so a
+# write of them still on its way (sent to a stalled server) is refused when it arrives: a turn
+# whose client was told it failed is never stored, whichever of the two the server runs first.
+# A retry (the session already at the epoch) changes nothing.
+REVOKE_TURNS = LuaScript(
+    TurnKeys,
+    RevokeArgs,
+    """
+local status, n, epoch = unpack(redis.call('HMGET', KEYS[1], 'status', 'n_turns', 'epoch'))
+if not status then return redis.error_reply('NOSESSION unknown session ' .. ARGV[1]) end
+if tonumber(epoch or '0') >= tonumber(ARGV[3]) then return 0 end
+if status ~= 'pending' then
+  return redis.error_reply('FINISHED session ' .. ARGV[1] .. ' is ' .. status .. '; cannot revoke its turns')
+end
+local from = tonumber(ARGV[2])
+for i = from, tonumber(n) - 1 do
+  local payload = redis.call('HGET', KEYS[2], i)
+  if payload then
+    redis.call('HDEL', KEYS[2], i)
+    redis.call('HINCRBY', KEYS[3], 'bytes_turns', -#payload)
+  end
+end
+redis.call('HSET', KEYS[1], 'n_turns', math.min(from, tonumber(n)), 'epoch', ARGV[3])
 return 1
 """,
 )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimeish.common.config import help_field
+from slimeish.common.procs import guard_group
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slimeish.rollout_functions.agent_workers import AgentWorkersConfig, workers_of
@@ -59,6 +60,9 @@ def parse_reward(stdout: str) -> float | None:
 
 
 async def run_command(command: str, env: dict[str, str], stdin: bytes | None = None) -> str:
+    """Run `command` in a process group of its own, which ends with it: every process it started
+    is killed when it exits, when the episode is cancelled (its timeout), and, through a guard
+    process (`guard_group`), when this process dies (a Ray worker force-killed after its grace)."""
     proc = await asyncio.create_subprocess_shell(
         command,
         stdin=asyncio.subprocess.PIPE,
@@ -67,13 +71,15 @@ async def run_command(command: str, env: dict[str, str], stdin: bytes | None = N
         env={**os.environ, **env},
         start_new_session=True,
     )
+    guard = guard_group(proc.pid)
     try:
         out, err = await proc.communicate(stdin)
-    except asyncio.CancelledError:  # timeout: kill the whole command tree (its own session), then re-raise
+    finally:  # done, failed or cancelled (the timeout): the whole command tree goes, then its guard
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        guard.kill()
+        guard.wait()
         await proc.wait()
-        raise
     if proc.returncode != 0:
         raise AgentCommandError(f"{command!r} exited with {proc.returncode}: {err.decode(errors='replace')[-500:]}")
     return out.decode(errors="replace")

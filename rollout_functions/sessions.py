@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import httpx
 
+from slimeish.common.redact import redact
 from slimeish.common.sample import Sample, Status, teacher_metadata
 from slimeish.rollout import (
     RECORD_FROM_RETURN,
@@ -236,7 +237,7 @@ def _fail_all(samples: list[Sample], error: str) -> None:
 
 def _fail(sample: Sample, error: str) -> None:
     sample.status = Status.FAILED
-    sample.metadata["error"] = error
+    sample.metadata["error"] = redact(error)  # stored with the sample: an HTTP error may quote the session URL
 
 
 def _finite(reward: object) -> float | None:

@@ -164,7 +164,7 @@ async def finish_session(request: Request, session_id: str) -> JSONObject:
     req: FinishSession = parse(FinishSession, await read_json(request))
 
     async def store(session: Session) -> None:
-        await state.runner.confirm_locked(session)  # its unconfirmed turns first
+        await state.runner.confirm_locked(session)  # its failed turn revoked first
         metadata = {**req.metadata, NEXT_TURN_PROMPT: session.capture.next_turn_prompt}  # on its samples
         await _stored(state.store.finish_session(session_id, req.reward, req.status, metadata), "the finish")
 

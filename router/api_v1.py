@@ -27,7 +27,6 @@ from slimeish.router.pipeline import (
     run_turn,
     sampling_params,
     serve_turn,
-    session_for_key,
     stream_response,
 )
 from slimeish.router.schemas import CompletionRequest, check_n
@@ -83,7 +82,7 @@ async def _no_answers(events: AsyncIterator[bytes], result: StreamedTurn) -> Asy
 async def models(request: Request, api_key: str | None = None) -> JSONObject:
     state = get_state(request)
     if api_key is not None:
-        session_for_key(state, api_key)
+        resolve_session(state, request, api_key)
     entry = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "slimeish"}
     return {"object": "list", "data": [{**entry, "max_model_len": state.context_length}]}
 

@@ -42,10 +42,15 @@ class RouterConfig:
         "regeneration: a router that died held them (set by `slimeish train`); with --router-id only the "
         "sessions of that id, so several routers can share a run",
     )
+    buffer_connect_timeout: float = help_field(
+        60.0,
+        help="seconds the router tries to reach --buffer-url at start-up (a log line per failed attempt) "
+        "before it exits with one line naming it",
+    )
     store_timeout: float = help_field(
         5.0,
         help="seconds a buffer write may take before the request is answered 503 store_unavailable "
-        "(the write may still land: the same request again gets the same result)",
+        "(a turn answered so is never stored; a create or finish sent again gets the same result)",
     )
     admin_token: str | None = help_field(None, help="bearer token for /admin and /sessions; unset = no auth there")
     host: str = help_field(
@@ -60,6 +65,14 @@ class RouterConfig:
     served_model_name: str | None = help_field(None, help="model id shown in /v1/models (default: the model dir name)")
     max_body_bytes: int = help_field(
         32 * 2**20, help="largest request body in bytes, checked before it is read whole (413 beyond)"
+    )
+    header_timeout: float = help_field(
+        10.0,
+        help="seconds a connection has to send a request's line and headers (from its opening, or a later "
+        "request's first byte) before it is closed; only `slimeish router` (the process) applies it",
+    )
+    body_timeout: float = help_field(
+        30.0, help="seconds a request's whole body has to arrive after its headers (408 and the connection closed)"
     )
     max_messages: int = help_field(
         10_000, help="most messages (Responses: input items) in one request, checked before validation (400 beyond)"

@@ -91,10 +91,11 @@ class RouterApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            limit = self.state.router.config.max_body_bytes
+            config = self.state.router.config
+            limit = config.max_body_bytes
             if declared_too_large(scope["headers"], limit):  # answered without reading the body
                 return await error_response(too_large(limit), scope["path"])(scope, receive, send)
-            receive = capped(receive, limit)
+            receive = capped(receive, limit, config.body_timeout)
             if (route := match_turn_route(scope["path"])) is not None:
                 return await serve_turn_route(self, route, scope, receive, send)
         await super().__call__(scope, receive, send)

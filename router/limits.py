@@ -46,17 +46,33 @@ def declared_too_large(headers: list[tuple[bytes, bytes]], limit: int) -> bool:
     return False
 
 
-def capped(receive: Receive, limit: int) -> Receive:
-    """`receive`, raising a 413 `APIError` once the body's bytes pass `limit`."""
-    seen = 0
+def capped(receive: Receive, limit: int, body_timeout: float) -> Receive:
+    """`receive`, raising a 413 `APIError` once the body's bytes pass `limit`, and a 408 (with
+    `Connection: close`) when the whole body has not arrived `body_timeout` seconds after the
+    request's head: a client trickling its body holds no connection longer. Once the body is in,
+    `receive` (a wait for the client's disconnect) is not bounded."""
+    seen, body_done = 0, False
+    deadline = asyncio.get_running_loop().time() + body_timeout
 
     async def counted() -> MutableMapping[str, Any]:
-        nonlocal seen
-        message = await receive()
+        nonlocal seen, body_done
+        if body_done:
+            return await receive()
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError:
+            raise APIError(
+                408,
+                f"the request body did not arrive within {body_timeout:g} s (--body-timeout)",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
                 raise too_large(limit)
+            body_done = not message.get("more_body", False)
         return message
 
     return counted

@@ -30,7 +30,6 @@ from slimeish.router.renderers.base import Renderer, TemplateError, reply_messag
 from slimeish.router.schemas import NamedToolChoice, SamplingFields, ToolChoice
 from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState, get_state
-from slimeish.router.storage import StoreUnavailable
 from slimeish.router.streaming import StreamedTurn
 from slimeish.router.turns import Answer, Generation
 
@@ -100,10 +99,21 @@ def request_key(request: Request) -> str:
 
 
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
-    """The session owning the key (URL path or header), None for an allowed anonymous call."""
-    if path_key is not None:
-        return session_for_key(state, path_key)
+    """The session owning the key (URL path or header), None for an allowed anonymous call. A
+    session key in the header that is not the URL's is refused like a wrong key: a credential that
+    contradicts the URL is a client's bug (or a leak), not something to guess about. Any other
+    header value is the placeholder SDKs send with a base URL that carries the key, and is ignored."""
     key = request_key(request)
+    if path_key is not None:
+        session = session_for_key(state, path_key)
+        if key and key != path_key and (key.startswith(KEY_PREFIX) or state.sessions.knows(key)):
+            raise APIError(
+                401,
+                "the key in the request's header belongs to another session than the key in its URL",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        return session
     if state.config.allow_anonymous and not key.startswith(KEY_PREFIX) and not state.sessions.knows(key):
         return None
     return session_for_key(state, key)
@@ -130,7 +140,6 @@ class InFlight:
     request: Request | None = None  # to tell whether the client is still there to receive the answer
     handed_off: bool = False
     ended: bool = False
-    unstored: StoreUnavailable | None = None  # the turn's answer is ready but its write was not confirmed
 
     def end(self) -> None:
         if self.session is not None and not self.ended:
@@ -160,7 +169,7 @@ async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler
     session = resolve_session(state, request, api_key)
     raw = await request.body()
     if session is not None:
-        await state.runner.confirm(session)  # a turn whose write timed out is stored first
+        await state.runner.confirm(session)  # a turn whose write failed is revoked first
         if (answer := replayed(session, request, raw)) is not None:
             return answer
     body = loads_json(raw)
@@ -169,21 +178,17 @@ async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler
         response = await handler(state, turn, body, started)
     if session is not None and not isinstance(response, StreamingResponse):
         session.last_answer = (raw, bytes(response.body), response.media_type)
-        session.undelivered = turn.unstored is not None
-    if turn.unstored is not None:
-        raise turn.unstored
     return response
 
 
 def replayed(session: Session, request: Request, raw: bytes) -> Response | None:
     """The recorded answer to this same request, when the SDK says it is retrying it
-    (`x-stainless-retry-count`, sent by the openai and anthropic SDKs) or the client was answered
-    503 instead of it: the agent gets the turn it missed, and the episode stays one trajectory
-    (a second turn would fork it)."""
-    retry = request.headers.get("x-stainless-retry-count", "0") not in ("", "0") or session.undelivered
+    (`x-stainless-retry-count`, sent by the openai and anthropic SDKs): the stored turn whose
+    answer the client missed, so the episode stays one trajectory (a second turn would fork it).
+    A turn answered with an error is not stored, so its retry is generated anew."""
+    retry = request.headers.get("x-stainless-retry-count", "0") not in ("", "0")
     if not retry or session.last_answer is None or session.last_answer[0] != raw:
         return None
-    session.undelivered = False
     _, body, media_type = session.last_answer
     return Response(body, media_type=media_type, headers={"x-slimeish-replayed": "true"})
 
@@ -427,13 +432,11 @@ async def record(
     answers: Sequence[Answer],
     started: float,
 ) -> None:
-    """Record a non-streamed turn, unless its client went away: an answer nobody received must not
-    become a training sample (the SDK's retry, answered anew, is the turn)."""
+    """Record a non-streamed turn before it is answered, unless its client went away: an answer
+    nobody received must not become a training sample (the SDK's retry, answered anew, is the
+    turn). A store that cannot take it raises StoreUnavailable (503): nothing is stored."""
     if turn.session is None:
         return
     if turn.request is not None and await turn.request.is_disconnected():
         raise APIError(499, "the client went away before its answer; the turn is not recorded", code="client_gone")
-    try:
-        await state.runner.record(turn.session, plan, gens, answers, started)
-    except StoreUnavailable as e:  # answered 503 by `serve_turn`, which keeps the answer for the retry
-        turn.unstored = e
+    await state.runner.record(turn.session, plan, gens, answers, started)

@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import functools
 import gc
 import ipaddress
+import logging.config
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +26,7 @@ from slimeish.common.redact import RedactSecrets
 from slimeish.router.admin import admin
 from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
+from slimeish.router.connections import HeadDeadlineProtocol
 from slimeish.router.dispatch import RouterApp
 from slimeish.router.engine_pool import EnginePool, engine_client
 from slimeish.router.errors import install_error_handlers
@@ -34,7 +37,7 @@ from slimeish.router.renderers.base import Renderer
 from slimeish.router.renderers.select import load_renderer
 from slimeish.router.sessions import SessionRegistry
 from slimeish.router.state import RouterState, get_state
-from slimeish.router.storage import MemoryStore, TurnStore
+from slimeish.router.storage import BufferUnreachable, MemoryStore, TurnStore, wait_for_buffer
 from slimeish.router.turns import TurnRunner
 
 
@@ -49,6 +52,7 @@ async def open_store(config: RouterConfig) -> TurnStore:
         config.store_timeout,
         recover=config.recover_open_sessions,
         owner=config.router_id,
+        connect_timeout=config.buffer_connect_timeout,
     )
 
 
@@ -223,8 +227,19 @@ def main(argv: list[str] | None = None) -> None:
             "anyone could open and finish sessions or swap engines; set --admin-token, or --insecure-no-admin-token "
             "if that is intended\n",
         )
+    logging.config.dictConfig(log_config(config.access_log))
+    if config.buffer_url is not None:  # before serving: one last line naming it, not uvicorn's traceback
+        try:
+            asyncio.run(wait_for_buffer(config.buffer_url, config.buffer_connect_timeout))
+        except BufferUnreachable as e:
+            parser.exit(1, f"{parser.prog}: error: {e}\n")
     # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
     app = create_app(config, freeze_gc=True)
     uvicorn.run(
-        app, host=config.host, port=config.port, log_config=log_config(config.access_log), timeout_keep_alive=75
+        app,
+        host=config.host,
+        port=config.port,
+        log_config=log_config(config.access_log),
+        timeout_keep_alive=75,
+        http=functools.partial(HeadDeadlineProtocol, header_timeout=config.header_timeout),  # type: ignore[arg-type]
     )

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from slimeish.buffer import Turn
 from slimeish.common.sample import Status
 from slimeish.router.capture import SAMPLED, Capture
 from slimeish.router.jsontypes import JSONObject
@@ -78,16 +77,17 @@ class Session:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the SGLang params a turn may omit
     engine: str | None = None  # sticky engine URL (prefix-cache reuse)
     turns: int = 0  # turns the store confirmed
-    # Turns committed to the capture whose store write timed out or failed: the write may have
-    # landed. Each is sent again, unchanged, before anything else is written for the session.
-    unconfirmed: list[Turn] = field(default_factory=list)
+    # The index of the first turn whose write failed (its client was told so), None when there is
+    # none: the write may land late, so it is revoked before anything else is written for the
+    # session, which then writes at the next `epoch` (the buffer refuses writes from older ones).
+    revoke_from: int | None = None
+    epoch: int = 0
     finished: FinishSession | None = None
     # Responses API `store`: each stored response, which a later turn continues with
     # `previous_response_id` and `GET /v1/responses/{id}` returns.
     responses: dict[str, StoredResponse] = field(default_factory=dict)
     # The last non-streamed request's body and its answer (body, media type), replayed to an SDK's retry.
     last_answer: tuple[bytes, bytes, str | None] | None = None
-    undelivered: bool = False  # last_answer was answered with a 503 instead: replayed to any retry
     converted: dict[str, Any] = field(default_factory=dict)  # per dialect: its last conversion (dialects.incremental)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
     finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
@@ -124,7 +124,6 @@ class Session:
         self._final = self.summary()
         self.capture.segments = []
         self.responses, self.last_answer, self.converted = {}, None, {}
-        self.unconfirmed = []
 
     def summary(self) -> dict[str, Any]:
         if self._final is not None:

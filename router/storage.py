@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from slimeish.buffer import Buffer, SessionInfo, Turn, build_samples
@@ -33,9 +38,44 @@ class StoreUnavailable(RuntimeError):
         self.what = what
 
 
+class BufferUnreachable(RuntimeError):
+    """The buffer did not answer within the start-up bound (`wait_for_buffer`)."""
+
+
+def shown_url(url: str) -> str:
+    """`url` as it may be logged: a password in it masked."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":<redacted>@", 1)).geturl()
+
+
+async def wait_for_buffer(url: str, timeout: float, every: float = 2.0) -> None:
+    """Return once the Redis server at `url` answers PING. Each failed attempt (at most `every`
+    seconds, then `every` seconds apart) is logged; BufferUnreachable once `timeout` seconds passed."""
+    started = time.monotonic()
+    for attempt in range(1, 1_000_000):
+        probe = Redis.from_url(url, socket_connect_timeout=every, socket_timeout=every, retry=Retry(NoBackoff(), 0))
+        try:
+            await probe.ping()
+            return
+        except (RedisError, OSError) as e:
+            cause, waited = f"{type(e).__name__}: {e}", time.monotonic() - started
+        finally:
+            await probe.aclose()
+        if waited + every > timeout:
+            raise BufferUnreachable(
+                f"the buffer at {shown_url(url)} did not answer for {waited:.0f} s ({cause}): "
+                "start it or fix --buffer-url"
+            )
+        log.warning("the buffer at %s is unreachable (attempt %d: %s); trying again", shown_url(url), attempt, cause)
+        await asyncio.sleep(every)
+
+
 class TurnStore(Protocol):
     async def open_session(self, info: SessionInfo) -> None: ...
-    async def append_turn(self, turn: Turn) -> None: ...
+    async def append_turn(self, turn: Turn, epoch: int) -> None: ...
+    async def revoke_turns(self, session_id: str, from_index: int, epoch: int) -> None: ...
     async def finish_session(
         self, session_id: str, reward: float | None, status: Status, metadata: dict[str, Any]
     ) -> None: ...
@@ -55,13 +95,20 @@ class BufferStore:
 
     @classmethod
     async def connect(
-        cls, url: str, run_id: str, timeout: float, recover: bool = False, owner: str = ""
+        cls,
+        url: str,
+        run_id: str,
+        timeout: float,
+        recover: bool = False,
+        owner: str = "",
+        connect_timeout: float = 60.0,
     ) -> BufferStore:
         """`recover`: close the sessions a dead router left open (aborted) and queue their group
         places for regeneration, before this one serves: its agents lost their sessions with it.
-        With an `owner` (this router's id) only that router's sessions: other routers' live on."""
+        With an `owner` (this router's id) only that router's sessions: other routers' live on.
+        An unreachable buffer is tried for `connect_timeout` seconds (`wait_for_buffer`)."""
+        await wait_for_buffer(url, connect_timeout)  # fail at start-up, not at the first turn
         buffer = Buffer(url, run_id)
-        await buffer.redis.ping()  # fail at start-up, not at the first turn
         if recover and (requests := await buffer.recover_open_groups(owner or None)):
             places = sum(len(r.indices) for r in requests)
             log.warning("closed the sessions a previous router left open: %d group places to regenerate", places)
@@ -70,8 +117,11 @@ class BufferStore:
     async def open_session(self, info: SessionInfo) -> None:
         await asyncio.wait_for(self.buffer.open_session(info), self.timeout)
 
-    async def append_turn(self, turn: Turn) -> None:
-        await asyncio.wait_for(self.buffer.append_turn(turn), self.timeout)
+    async def append_turn(self, turn: Turn, epoch: int) -> None:
+        await asyncio.wait_for(self.buffer.append_turn(turn, epoch), self.timeout)
+
+    async def revoke_turns(self, session_id: str, from_index: int, epoch: int) -> None:
+        await asyncio.wait_for(self.buffer.revoke_turns(session_id, from_index, epoch), self.timeout)
 
     async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: JSONObject) -> None:
         await asyncio.wait_for(self.buffer.finish_session(session_id, reward, status, metadata), self.timeout)
@@ -98,12 +148,15 @@ class MemoryStore:
         self.sessions[info.session_id] = info
         self.turns.setdefault(info.session_id, [])  # opening again (a retry) keeps what it has
 
-    async def append_turn(self, turn: Turn) -> None:
+    async def append_turn(self, turn: Turn, epoch: int) -> None:
         turn.validate()
         turns = self.turns[turn.session_id]
         if turn.turn_index < len(turns):  # a retried write, stored once as the buffer does
             return
         turns.append(turn)
+
+    async def revoke_turns(self, session_id: str, from_index: int, epoch: int) -> None:
+        del self.turns[session_id][from_index:]
 
     async def finish_session(self, session_id: str, reward: float | None, status: Status, metadata: JSONObject) -> None:
         self.finished[session_id] = (reward, status, metadata)

@@ -138,11 +138,12 @@ class TurnRunner:
         """Commit each choice's turn to the capture and write it to the store, in order.
 
         `answers[i]` is what choice i returned to the agent: the assistant message (chat), the
-        completion text (completions) or None (token-in). A refused write rolls the capture back
-        to before that choice. A write that failed to reach the store may still land (a stalled
-        store answers late), so the turn stays committed, as unconfirmed, together with the
-        choices after it; `StoreUnavailable` is raised, and the next write for the session sends
-        those turns again first (`confirm`): the buffer stores a repeated turn once."""
+        completion text (completions) or None (token-in). The turn is all its choices or nothing:
+        a refused write, or one that failed to reach the store, rolls the capture back to before
+        the turn, so the client's retry extends the segment as this turn would have. A write that
+        failed may still land (a stalled store answers late): the turn is then revoked in the
+        store before anything else is written for the session (`confirm`), and `StoreUnavailable`
+        is raised, so the client is told it failed and it is never stored."""
         async with session.write_lock:
             if session.finished is not None:  # the finish stopped waiting for this turn
                 # The refusal the buffer itself would give: appending to a finished session.
@@ -150,24 +151,21 @@ class TurnRunner:
                     f"session {session.session_id} was finished while this turn was generating; it is not recorded"
                 )
             await self.confirm_locked(session)
-            for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
-                saved = [copy.copy(seg) for seg in session.capture.segments]  # commit reassigns, never mutates
-                turn = self._commit(session, plan, i, gen, answer, started)
-                if session.unconfirmed:  # an earlier choice could not be stored: neither can this one
-                    session.unconfirmed.append(turn)
-                    continue
-                try:
-                    await self.store.append_turn(turn)
-                except Exception as e:
-                    if not isinstance(e, STORE_ERRORS):
-                        session.capture.segments = saved
-                        raise  # a refusal (BufferInputError: 400/409) or a bug (500)
-                    log.exception("storing turn %d of %s failed", turn.turn_index, session.session_id)
-                    session.unconfirmed.append(turn)
-                    continue
-                session.turns += 1
-            if session.unconfirmed:
-                raise StoreUnavailable("the turn", TimeoutError("the store did not confirm the write"))
+            saved = [copy.copy(seg) for seg in session.capture.segments]  # commit reassigns, never mutates
+            first = session.turns
+            try:
+                for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
+                    await self.store.append_turn(self._commit(session, plan, i, gen, answer, started), session.epoch)
+                    session.turns += 1
+            except Exception as e:
+                session.capture.segments, stored, session.turns = saved, session.turns - first, first
+                if not isinstance(e, STORE_ERRORS):  # a refusal (BufferInputError: 400/409) or a bug (500)
+                    if stored:  # earlier choices of this turn landed: take them back too
+                        session.revoke_from = first
+                    raise
+                log.warning("storing a turn of %s failed (%s): it is revoked", session.session_id, type(e).__name__)
+                session.revoke_from = first
+                raise StoreUnavailable("the turn", e) from e
 
     def _commit(
         self, session: Session, plan: TurnPlan, i: int, gen: Generation, answer: JSONObject | str | None, started: float
@@ -189,7 +187,7 @@ class TurnRunner:
         self.metrics.tokens_out.inc(len(gen.output_ids))
         return Turn(
             session_id=session.session_id,
-            turn_index=session.turns + len(session.unconfirmed),
+            turn_index=session.turns,
             segment_index=committed.segment_index,
             split_reason=committed.split_reason,
             lineage=committed.lineage,
@@ -209,19 +207,18 @@ class TurnRunner:
         )
 
     async def confirm(self, session: Session) -> None:
-        """Send the session's unconfirmed turns again (`record`); StoreUnavailable while the store
-        still cannot be reached."""
-        if session.unconfirmed:
+        """Revoke the session's failed turn in the store (`record`); StoreUnavailable while the
+        store still cannot be reached."""
+        if session.revoke_from is not None:
             async with session.write_lock:
                 await self.confirm_locked(session)
 
     async def confirm_locked(self, session: Session) -> None:
         """`confirm`, with the session's write lock already held."""
-        while session.unconfirmed:
-            turn = session.unconfirmed[0]
-            try:
-                await self.store.append_turn(turn)
-            except STORE_ERRORS as e:
-                raise StoreUnavailable("an earlier turn", e) from e
-            session.unconfirmed.pop(0)
-            session.turns += 1
+        if session.revoke_from is None:
+            return
+        try:
+            await self.store.revoke_turns(session.session_id, session.revoke_from, session.epoch + 1)
+        except STORE_ERRORS as e:
+            raise StoreUnavailable("the revocation of a failed turn", e) from e
+        session.epoch, session.revoke_from = session.epoch + 1, None

@@ -54,6 +54,25 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# The guard of `guard_group`: on SIGTERM (its parent died) it SIGKILLs process group $1, then exits.
+_GROUP_GUARD = 'trap "kill -KILL -$1 2>/dev/null; exit 0" TERM; while :; do sleep 1; done'
+
+
+def guard_group(pgid: int) -> subprocess.Popen[bytes]:
+    """A guard process that SIGKILLs process group `pgid` within about a second of this process
+    (the thread calling this) dying, however it dies: a group in a session of its own outlives
+    its starter otherwise. The caller kills the guard (SIGKILL: no trap) once it has ended the
+    group itself."""
+    return subprocess.Popen(
+        ["sh", "-c", _GROUP_GUARD, "group-guard", str(pgid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+
+
 class ManagedProcess:
     """A child process in its own process group, stopped (SIGTERM, then SIGKILL) on `stop()`.
 

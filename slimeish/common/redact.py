@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
+from typing import Any, TextIO
 
 REDACTED = "<redacted>"
 
@@ -43,3 +45,29 @@ class RedactSecrets(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
+
+
+class RedactedStream:
+    """A text stream (stderr) that masks secrets in what is written to it: the last traceback of
+    a process, whoever prints it (Python's hook, or torch.distributed's, which prefixes the rank)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def mask_process_logs() -> None:
+    """Mask secrets in all this process logs through the root logger's handlers (every library's
+    loggers propagate there: an httpx error quotes its URL, a session's `/s/<key>/...`), and in
+    all it writes to stderr."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactSecrets) for f in handler.filters):
+            handler.addFilter(RedactSecrets())
+    if not isinstance(sys.stderr, RedactedStream):
+        sys.stderr = RedactedStream(sys.stderr)

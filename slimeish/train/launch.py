@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import redis
 from slimeish.common.config import help_field
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.engine.protocol import ENGINE_NAME
+from slimeish.train.outside import OutsideEngines
 from slimeish.train.supervisor import Child, Supervisor
 
 log = logging.getLogger("slimeish.train")
@@ -52,6 +54,11 @@ class StackConfig:
         help="restarts of one started part (buffer, engine, router) within --restart-window-s; one more ends it",
     )
     restart_window_s: float = help_field(600.0, help="the window in which --max-restarts are counted")
+    engine_down_timeout: float = help_field(
+        60.0,
+        help="seconds every --engine-url engine may fail its /health (checked every 2 s) before the run stops "
+        "with one line naming them (engines the run started are restarted instead)",
+    )
 
     def __post_init__(self) -> None:
         if self.num_routers < 1:
@@ -182,6 +189,7 @@ class Stack:
         self.buffer_url = ""
         self.engine_urls: list[str] = []
         self.router_urls: list[str] = []
+        self._closing = threading.Event()  # ends the watch of --engine-url engines
 
     @property
     def router_url(self) -> str:
@@ -193,12 +201,14 @@ class Stack:
             self.buffer_url = self.cfg.buffer_url or self._start_buffer()
             if self.cfg.engine_url:
                 self.engine_urls = [check_engine(url, self.weight_sync) for url in self.cfg.engine_url]
+                OutsideEngines(self.engine_urls, self.cfg.engine_down_timeout).watch(self._stop_run, self._closing)
             else:
                 self.engine_urls = [self._start_engine(i) for i in range(self.cfg.num_engines)]
             self.router_urls = [self._start_router(i) for i in range(self.cfg.num_routers)]
             if self.cfg.viewer_port is not None:
                 self._start_viewer(self.cfg.viewer_port)
         except BaseException:
+            self._closing.set()
             self.supervisor.stop()
             raise
         self._write_parts()
@@ -206,7 +216,11 @@ class Stack:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._closing.set()
         self.supervisor.stop()
+
+    def _stop_run(self, why: str) -> None:
+        self.supervisor.fatal = why
 
     @property
     def fatal(self) -> str | None:

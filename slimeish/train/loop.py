@@ -20,6 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from slimeish.buffer import Group
+from slimeish.common.redact import mask_process_logs
 from slimeish.train.checkpoint import save
 from slimeish.train.collect import collect_groups, evaluate
 from slimeish.train.launch import RunningStack, Stack
@@ -38,6 +39,7 @@ def run(setup: TrainSetup) -> None:
     """Run a whole training run: check the plugins, start the stack (buffer, engines, router; or
     use the ones given by URL), train, and stop every process it started (also on Ctrl-C)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    mask_process_logs()  # session keys in the rollout side's errors (session URLs), and the last traceback
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress bar
     if setup.data.prompt_data is None and not setup.slime_hooks.data_source_path:
         raise ValueError("a run needs prompt data (--prompt-data, or a --data-source-path)")

@@ -71,7 +71,7 @@ def test_other_methods_on_a_turn_route_get_405(router_app):
 class BrokenTurnStore(MemoryStore):
     """A MemoryStore whose turn writes fail with a bug (not a store outage, not a refusal)."""
 
-    async def append_turn(self, turn) -> None:
+    async def append_turn(self, turn, epoch) -> None:
         raise RuntimeError("secret internals at 0xdead")
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -233,3 +235,40 @@ def test_the_openai_sdk_reads_an_unknown_path_error(router_app, session):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="t", messages=GOOD["messages"], max_tokens=2)
     assert e.value.code == "not_found" and "/v1/chat/completions" in e.value.message
+
+
+def _sdk_turns(base_url: str, key: str) -> dict[str, Callable[[], object]]:
+    """One turn per dialect through its real SDK, given the session URL and a key for its header."""
+    oa = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+    an = anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key=key, max_retries=0)  # x-api-key
+    asked = [{"role": "user", "content": "hi"}]
+    return {
+        "chat": lambda: oa.chat.completions.create(model="tiny", messages=asked, max_tokens=2),
+        "chat-stream": lambda: list(
+            oa.chat.completions.create(model="tiny", messages=asked, max_tokens=2, stream=True)
+        ),
+        "completions": lambda: oa.completions.create(model="tiny", prompt="hi", max_tokens=2),
+        "responses": lambda: oa.responses.create(model="tiny", input="hi", max_output_tokens=2),
+        "messages": lambda: an.messages.create(model="tiny", messages=asked, max_tokens=2),
+        "models": lambda: oa.models.list(),
+        "token-in": lambda: httpx.post(
+            base_url.removesuffix("/v1") + "/generate",
+            json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
+            headers={"Authorization": f"Bearer {key}"},
+        ).raise_for_status(),
+    }
+
+
+def test_another_sessions_key_in_the_header_is_refused_in_every_dialect(router_app):
+    session, other = router_app.new_session(), router_app.new_session()
+    for name, turn in _sdk_turns(session["base_url"], other["api_key"]).items():
+        with pytest.raises((openai.AuthenticationError, anthropic.AuthenticationError, httpx.HTTPStatusError)) as e:
+            turn()
+        status = e.value.response.status_code
+        assert status == 401, (name, status)
+    assert router_app.record(session["session_id"])["turns"] == 0
+    assert router_app.record(other["session_id"])["turns"] == 0
+    # the URL's own key, or a placeholder that is no session key, in the header is served
+    for key in (session["api_key"], "x"):
+        _sdk_turns(session["base_url"], key)["chat"]()
+    assert router_app.record(session["session_id"])["turns"] == 2

@@ -32,3 +32,15 @@ async def test_router_process_writes_turns_through_to_the_buffer(tiny_model, eng
         assert sample.tokens == turns[0].prompt_ids + turns[0].output_ids + turns[1].prompt_ids + turns[1].output_ids
         assert sample.reward == 1.0 and sample.weight_versions == [0]
         assert sum(sample.loss_mask) == len(turns[0].output_ids) + len(turns[1].output_ids)
+
+
+def test_a_router_whose_buffer_is_unreachable_retries_then_exits_naming_it(tiny_model, tmp_path):
+    closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    args = ["router", "--model", str(tiny_model), "--port", str(free_port()), "--buffer-url", closed,
+            "--buffer-connect-timeout", "3"]  # fmt: skip
+    with ManagedProcess.slimeish(*args, log_path=tmp_path / "router.log") as proc:
+        assert proc.proc.wait(300) == 1
+    lines = (tmp_path / "router.log").read_text().strip().splitlines()
+    assert f"the buffer at {closed} is unreachable (attempt 1" in "\n".join(lines)  # a line per attempt
+    assert lines[-1].startswith(f"slimeish router: error: the buffer at {closed} did not answer for ")
+    assert lines[-1].endswith("start it or fix --buffer-url")

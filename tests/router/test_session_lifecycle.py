@@ -82,11 +82,11 @@ class FlakyStore(MemoryStore):
 
     fail_next = False
 
-    async def append_turn(self, turn) -> None:
+    async def append_turn(self, turn, epoch) -> None:
         if self.fail_next:
             self.fail_next = False
             raise redis.exceptions.ConnectionError("connection reset by peer")
-        await super().append_turn(turn)
+        await super().append_turn(turn, epoch)
 
 
 def test_a_failed_store_write_leaves_the_session_usable(router_factory, engine_url):

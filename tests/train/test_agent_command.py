@@ -1,6 +1,12 @@
 """agent_command: reward parsing and the subprocess runner, with real shell commands."""
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -38,6 +44,73 @@ def test_crash_is_an_error_with_stderr():
 def test_timeout_kills_the_command():
     with pytest.raises(TimeoutError):
         asyncio.run(asyncio.wait_for(run_command("sleep 30", {}), 0.5))
+
+
+# Generous: the kill is certain, its timing is the machine's (tests never time).
+GONE_WITHIN_S = 60.0
+# The command's child notes its pid, then the command waits for it: it would live for 10 minutes.
+TREE = "sleep 600 & echo $! > {pid_file}; wait"
+
+
+def gone(pid: int, within_s: float = GONE_WITHIN_S) -> bool:
+    """Whether process `pid` ended (a zombie, ended but not yet reaped by whoever adopted it, has)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def noted_pid(pid_file: Path) -> int:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the command never started its child"
+        time.sleep(0.05)
+    return int(pid_file.read_text())
+
+
+def test_a_cancelled_command_takes_every_process_it_started_with_it(tmp_path):
+    pid_file = tmp_path / "pid"
+
+    async def episode() -> None:
+        task = asyncio.create_task(run_command(TREE.format(pid_file=pid_file), {}))
+        await asyncio.to_thread(noted_pid, pid_file)
+        task.cancel()  # the episode's timeout
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(episode())
+    assert gone(noted_pid(pid_file)), "the command's child outlived the cancelled episode"
+
+
+def test_what_a_finished_command_left_running_is_killed(tmp_path):
+    pid_file = tmp_path / "pid"
+    command = f"sleep 600 >/dev/null 2>&1 & echo $! > {pid_file}; echo done"
+    assert asyncio.run(run_command(command, {})) == "done\n"
+    assert gone(noted_pid(pid_file)), "a process the command left running outlived it"
+
+
+def test_the_commands_of_a_runner_that_dies_die_with_it(tmp_path):
+    """A Ray worker force-killed after its cancellation grace cannot kill the command's group
+    itself: the guard process does."""
+    pid_file = tmp_path / "pid"
+    code = (
+        "import asyncio; from slimeish.rollout_functions.agent_command import run_command; "
+        f"asyncio.run(run_command({TREE.format(pid_file=pid_file)!r}, {{}}))"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        child = noted_pid(pid_file)
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait()
+        assert gone(child), "the command's child outlived the runner that died"
+    finally:
+        runner.kill()
+        runner.wait()
 
 
 @pytest.mark.parametrize(

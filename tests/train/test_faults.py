@@ -21,6 +21,7 @@ import pytest
 
 from slimeish.buffer import EmbeddedServer
 from slimeish.common.procs import ManagedProcess
+from tests.router.conftest import start_engine
 from tests.train.test_train_e2e import descendants, group_states, ledger, metrics, trained_count
 
 pytestmark = pytest.mark.slow
@@ -129,3 +130,22 @@ def test_a_part_that_keeps_dying_is_given_up_and_the_run_stops_only_without_it(t
     log = run.log_path.read_text()
     assert "giving it up, the run goes on with 1 engine(s)" in log
     assert "RuntimeError: router died 1 time within 600 s (last exit code -9)" in log
+
+
+def test_an_outside_engine_that_stays_down_stops_the_run_with_one_line_naming_it(tiny_model, prompts, tmp_path):
+    """An engine given by --engine-url is nobody's to restart: once it failed its health checks for
+    --engine-down-timeout, the run's last line says that no engine is up, and which."""
+    engine, url = start_engine(tiny_model, tmp_path)
+    run_dir = tmp_path / "outside"
+    argv = fault_argv(tiny_model, prompts, run_dir, "--engine-url", url, "--engine-down-timeout", "5")
+    argv[argv.index("--num-rollout") + 1] = "100000"
+    try:
+        with ManagedProcess(argv, log_path=tmp_path / "outside.log") as run:
+            wait_for(lambda: len(metrics(run_dir)) >= 1, "a step", run)
+            engine.kill(signal.SIGKILL)
+            assert run.proc.wait(300) == 1
+    finally:
+        engine.stop()
+    last = run.log_path.read_text().strip().splitlines()[-1]
+    assert f"RuntimeError: no engine is up: {url} (down since " in last, last  # torch prefixes "[rank0]: "
+    assert "--engine-down-timeout 5" in last
