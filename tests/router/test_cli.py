@@ -1,4 +1,5 @@
-"""`slimeish router` flags map onto RouterConfig (uvicorn.run is replaced: nothing is served)."""
+"""`slimeish router` flags map onto RouterConfig (uvicorn.run and the wait for the buffer are replaced:
+nothing is served or connected to)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import slimeish.router.server as server
 
 
 def parsed(argv: list[str]):
-    with mock.patch.object(server.uvicorn, "run"), mock.patch.object(server, "create_app") as create:
+    with (
+        mock.patch.object(server.uvicorn, "run"),
+        mock.patch.object(server, "wait_for_buffer", mock.AsyncMock()),
+        mock.patch.object(server, "create_app") as create,
+    ):
         server.main(argv)
     return create.call_args[0][0]
 
