@@ -55,7 +55,7 @@ class Statuses:
                 if message["type"] == "http.response.start":
                     path = scope["path"]
                     if path.startswith("/s/"):
-                        path = "/" + path.split("/", 3)[-1]
+                        path = "/" + "".join(path.split("/", 3)[3:])  # `/s/<key>` itself as `/`
                         path = path.removeprefix("/v1") if path.startswith("/v1/") else path
                     self.seen.append((scope["method"], path, message["status"]))
                 await send(message)
