@@ -40,7 +40,9 @@ def program(name: str) -> str:
 
 @dataclass
 class Statuses:
-    """Every HTTP answer the router gave, as (method, path without the session key, status)."""
+    """Every HTTP answer the router gave, as (method, path, status): a session's path below its base URL
+    (`/s/<key>/v1/responses` as `/responses`, `/s/<key>/v1beta/models/m:generateContent` as
+    `/v1beta/models/m:generateContent`)."""
 
     seen: list[tuple[str, str, int]] = field(default_factory=list)
 
@@ -51,7 +53,10 @@ class Statuses:
 
             async def send_status(message: dict) -> None:
                 if message["type"] == "http.response.start":
-                    path = scope["path"].split("/v1", 1)[-1] if scope["path"].startswith("/s/") else scope["path"]
+                    path = scope["path"]
+                    if path.startswith("/s/"):
+                        path = "/" + "".join(path.split("/", 3)[3:])  # `/s/<key>` itself as `/`
+                        path = path.removeprefix("/v1") if path.startswith("/v1/") else path
                     self.seen.append((scope["method"], path, message["status"]))
                 await send(message)
 
@@ -72,6 +77,10 @@ class Harness:
         return subprocess.run(
             argv, cwd=cwd, env=base | env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
         )
+
+    def posts(self, seen: int) -> list[str]:
+        """The paths of the POST requests answered since `seen` answers."""
+        return [path for method, path, _ in self.statuses.seen[seen:] if method == "POST"]
 
     def check_episode(self, session: dict, start: int, answered_from: int) -> list:
         """Every request answered 2xx, the session sealed, and each stored sample exactly the tokens

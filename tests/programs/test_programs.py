@@ -34,7 +34,7 @@ def test_codex_exec(harness, tmp_path):
     r = harness.run(argv, {"CODEX_HOME": str(home), "OPENAI_API_KEY": session["api_key"]}, work)
     assert r.returncode == 0, r.stderr[-3000:]
     # Codex tries the Responses WebSocket first; refused, it falls back to HTTP (no HTTP request is refused)
-    assert any(path == "/responses" and method == "POST" for method, path, _ in harness.statuses.seen[seen:])
+    assert "/responses" in harness.posts(seen)
     harness.check_episode(session, start, seen)
 
 
@@ -51,7 +51,7 @@ def test_claude_code_print(harness, tmp_path):
     }
     r = harness.run([program("claude"), "-p", TASK], env, work)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert any(path == "/messages" and method == "POST" for method, path, _ in harness.statuses.seen[seen:])
+    assert "/messages" in harness.posts(seen)
     harness.check_episode(session, start, seen)
 
 
@@ -69,8 +69,7 @@ def test_opencode_run(harness, tmp_path):
     env = {"OPENCODE_CONFIG_CONTENT": json.dumps(config), "OPENCODE_DISABLE_AUTOUPDATE": "1"}
     r = harness.run([program("opencode"), "run", TASK], env, work)
     assert r.returncode == 0 and "Error" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
-    posts = [path for method, path, _ in harness.statuses.seen[seen:] if method == "POST"]
-    assert posts.count("/chat/completions") >= 2  # the episode's turn and its title
+    assert harness.posts(seen).count("/chat/completions") >= 2  # the episode's turn and its title
     samples = harness.check_episode(session, start, seen)
     # the title request (its own system prompt, no tools) is a segment of its own
     assert len(samples) >= 2
@@ -94,9 +93,41 @@ def test_mini_swe_agent(harness, tmp_path):
     argv += limit
     r = harness.run(argv, env, work)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    posts = [path for method, path, _ in harness.statuses.seen[seen:] if method == "POST"]
-    assert posts == ["/chat/completions"] * 3
+    assert harness.posts(seen) == ["/chat/completions"] * 3
     # each sample exact; each turn after the first is its own segment, `history_edited`: mini-swe-agent
     # sends the reply back changed (what it changes is not yet looked into)
     samples = harness.check_episode(session, start, seen)
     assert [s.split_reason for s in samples] == [None, "history_edited", "history_edited"]
+
+
+def test_gemini_cli(harness, tmp_path):
+    session, start, seen = start_episode(harness, "gemini")
+    work, settings = tmp_path / "work", tmp_path / "home" / ".gemini" / "settings.json"
+    work.mkdir()
+    settings.parent.mkdir(parents=True)
+    # the API-key auth must be chosen in its settings (GOOGLE_GEMINI_BASE_URL alone selects its
+    # "gateway" auth, which `-p` refuses); no internet here: no usage statistics or update checks
+    config = {
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+    }
+    settings.write_text(json.dumps(config))
+    env = {
+        "GOOGLE_GEMINI_BASE_URL": session["base_url"].removesuffix("/v1"),  # it appends /v1beta/models/...
+        "GEMINI_API_KEY": session["api_key"],
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",  # `-p` runs only in a trusted folder
+    }
+    r = harness.run([program("gemini"), "-p", TASK], env, work)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    # its model router first asks a JSON complexity score (`generateContent`, `responseMimeType` JSON),
+    # retried while the reply is no JSON (the tiny model's never is), then falls back to its default
+    # model for the episode's streamed turn
+    *side, turn = harness.posts(seen)
+    assert side and all(p.endswith(":generateContent") for p in side), side
+    assert turn.startswith("/v1beta/models/") and turn.endswith(":streamGenerateContent"), turn
+    samples = harness.check_episode(session, start, seen)
+    # each side call is a segment of its own (the same prompt again: `prompt_repeated`); the turn
+    # (its own system prompt and tools) one more
+    assert {s.split_reason for s in samples[1:-1]} <= {"prompt_repeated"}
+    assert samples[-1].split_reason == "tools_changed"

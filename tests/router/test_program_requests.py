@@ -49,3 +49,23 @@ def test_claude_code_first_request_is_taken(router_app):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert "maximum context length is 4096" in r.json()["error"]["message"]
     assert len(router_app.engine_log) == calls
+
+
+def test_gemini_cli_first_request_is_taken(router_app):
+    # its episode's turn (after its routing classifier's JSON side calls): the harness prompt and its
+    # tools, which asks no output budget: one that does not fit beside the prompt makes it overlong
+    session = router_app.new_session(group_id="g-recorded")
+    body = recorded("gemini-cli-0.61.0.json")
+    calls = len(router_app.engine_log)
+    models = session["base_url"].removesuffix("/v1") + "/v1beta/models/gemini-3.1-pro-preview"
+    r = httpx.post(f"{models}:countTokens", json={"generateContentRequest": body})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["totalTokens"]
+    assert prompt > 1000  # its system instruction and tools rendered too
+    over = {**body, "generationConfig": {**body["generationConfig"], "maxOutputTokens": 4096}}
+    r = httpx.post(f"{models}:streamGenerateContent?alt=sse", json=over)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["status"] == "INVALID_ARGUMENT" and "maximum context length is 4096" in error["message"], error
+    assert f"{prompt}" in error["message"]  # the same rendering as the count
+    assert len(router_app.engine_log) == calls
