@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import httpx
 
-from slimeish.common.redact import redact
+from slimeish.common.redact import redact, redact_json
 from slimeish.common.sample import Sample, Status, teacher_metadata
 from slimeish.rollout import (
     RECORD_FROM_RETURN,
@@ -185,7 +185,7 @@ async def run_groups(
                 return
             # a failed member's error, or its teacher log-probs (slime's OPD post-process sets them), and its record
             metadata = {"error": lead.metadata["error"]} if failed else teacher_metadata(member)
-            metadata |= lead.metadata.get(STORED_METADATA, {})
+            metadata |= redact_json(lead.metadata.get(STORED_METADATA, {}))  # a program's output may quote its URL
             if lead.scores and not failed:  # the named scores beside the reward (an environment's rubric parts)
                 metadata["scores"] = dict(lead.scores)
             await sessions.finish(session, None if failed else reward, lead.status, metadata)

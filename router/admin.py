@@ -16,7 +16,7 @@ from slimeish.router.capture import NEXT_TURN_PROMPT
 from slimeish.router.engine_pool import refused_by_all
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject
-from slimeish.router.pipeline import bearer_token, parse, read_json
+from slimeish.router.pipeline import bearer_token, parse, read_json, request_key
 from slimeish.router.sessions import Closed, CreateSession, FinishSession, Session
 from slimeish.router.state import RouterState, get_state
 from slimeish.router.storage import STORE_ERRORS, StoreUnavailable
@@ -123,7 +123,7 @@ def _endable(state: RouterState, request: Request, session_id: str) -> Session |
     """The session a finish or an abort ends; allowed with the admin token or the session's own
     key. Without either, 401 whatever the id: a 404 for unknown ids would tell which ones exist."""
     known = state.sessions.by_id.get(session_id) or state.sessions.closed_by_id.get(session_id)
-    if known is None or not hmac.compare_digest(bearer_token(request).encode(), known.api_key.encode()):
+    if known is None or not hmac.compare_digest(request_key(request).encode(), known.api_key.encode()):
         require_admin(state, request)
     return _session(state, session_id)
 

@@ -47,7 +47,8 @@ def shown_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":<redacted>@", 1)).geturl()
+    userinfo, _, host = parts.netloc.rpartition("@")  # the netloc as written: its password may be %-encoded
+    return parts._replace(netloc=f"{userinfo.partition(':')[0]}:<redacted>@{host}").geturl()
 
 
 async def wait_for_buffer(url: str, timeout: float, every: float = 2.0) -> None:

@@ -7,6 +7,7 @@ never re-derived from text.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
@@ -157,8 +158,11 @@ class TurnRunner:
                 for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
                     await self.store.append_turn(self._commit(session, plan, i, gen, answer, started), session.epoch)
                     session.turns += 1
-            except Exception as e:
+            except (Exception, asyncio.CancelledError) as e:
                 session.capture.segments, stored, session.turns = saved, session.turns - first, first
+                if isinstance(e, asyncio.CancelledError):  # the client left mid-write, which may still land
+                    session.revoke_from = first
+                    raise
                 if not isinstance(e, STORE_ERRORS):  # a refusal (BufferInputError: 400/409) or a bug (500)
                     if stored:  # earlier choices of this turn landed: take them back too
                         session.revoke_from = first

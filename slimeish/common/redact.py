@@ -27,6 +27,17 @@ def redact(text: str) -> str:
     return _SECRETS.sub(lambda m: (m["lead"] or m["scheme"] or "") + REDACTED, text)
 
 
+def redact_json(value: Any) -> Any:
+    """`value` (JSON-like: dicts, lists, strings) with `redact` applied to every string in it."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_json(v) for v in value]
+    return value
+
+
 class RedactSecrets(logging.Filter):
     """Masks secrets in a record before any handler formats it, traceback included."""
 
