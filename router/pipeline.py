@@ -89,31 +89,40 @@ def bearer_token(request: Request) -> str:
     return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
 
 
-def request_key(request: Request) -> str:
-    """The key a client sent: `X-Session-ID` (harnesses that share one base URL among rollouts and
-    name each rollout in a header; it wins, as their SDK's own key is a placeholder then),
-    `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), or `x-goog-api-key` / `?key=` (Gemini)."""
+def request_keys(request: Request) -> list[str]:
+    """Every credential a client sent, most specific first: `X-Session-ID` (harnesses that share one
+    base URL among rollouts and name each rollout in a header; their SDK's own key is a placeholder
+    then), `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), `x-goog-api-key` / `?key=` (Gemini)."""
     headers = request.headers
-    key = headers.get("x-session-id") or bearer_token(request) or headers.get("x-api-key")
-    return (key or headers.get("x-goog-api-key") or request.query_params.get("key", "")).strip()
+    sent = (headers.get("x-session-id", ""), bearer_token(request), headers.get("x-api-key", ""))
+    sent += (headers.get("x-goog-api-key", ""), request.query_params.get("key", ""))
+    return [key.strip() for key in sent if key.strip()]
+
+
+def request_key(request: Request) -> str:
+    """The credential that names the client's session (the first of `request_keys`), or ""."""
+    return next(iter(request_keys(request)), "")
 
 
 def resolve_session(state: RouterState, request: Request, path_key: str | None) -> Session | None:
     """The session owning the key (URL path or header), None for an allowed anonymous call. A
     session key in the header that is not the URL's is refused like a wrong key: a credential that
-    contradicts the URL is a client's bug (or a leak), not something to guess about. Any other
-    header value is the placeholder SDKs send with a base URL that carries the key, and is ignored."""
-    key = request_key(request)
-    if path_key is not None:
-        session = session_for_key(state, path_key)
-        if key and key != path_key and (key.startswith(KEY_PREFIX) or state.sessions.knows(key)):
-            raise APIError(
-                401,
-                "the key in the request's header belongs to another session than the key in its URL",
-                type="authentication_error",
-                code="invalid_api_key",
-            )
+    contradicts the URL, or headers naming two sessions, are a client's bug (or a leak), not something
+    to guess about. Any other header value is the placeholder SDKs send with a base URL that carries
+    the key, and is ignored."""
+    keys = request_keys(request)
+    named = {key for key in keys if key.startswith(KEY_PREFIX) or state.sessions.knows(key)}
+    session = session_for_key(state, path_key) if path_key is not None else None
+    if len(named | ({path_key} if path_key else set())) > 1:
+        raise APIError(
+            401,
+            "the request's URL and headers hold the keys of different sessions",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+    if session is not None:
         return session
+    key = next(iter(keys), "")
     if state.config.allow_anonymous and not key.startswith(KEY_PREFIX) and not state.sessions.knows(key):
         return None
     return session_for_key(state, key)

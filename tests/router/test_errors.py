@@ -266,6 +266,13 @@ def test_another_sessions_key_in_the_header_is_refused_in_every_dialect(router_a
             turn()
         status = e.value.response.status_code
         assert status == 401, (name, status)
+    # another session's key behind a placeholder in a header read first is found too
+    r = httpx.post(
+        session["base_url"] + "/chat/completions",
+        json={"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        headers={"X-Session-ID": "junk", "Authorization": f"Bearer {other['api_key']}"},
+    )
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert router_app.record(session["session_id"])["turns"] == 0
     assert router_app.record(other["session_id"])["turns"] == 0
     # the URL's own key, or a placeholder that is no session key, in the header is served

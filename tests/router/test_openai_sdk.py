@@ -114,7 +114,14 @@ def test_x_session_id_header_on_one_shared_base_url(router_app):
         headers={"X-Session-ID": a["api_key"] + "x", "Authorization": f"Bearer {b['api_key']}"},
     )
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    assert router_app.record(b["session_id"])["turns"] == 1
+    # two headers naming two sessions: neither is guessed
+    r = httpx.post(
+        router_app.url + "/v1/chat/completions",
+        json={"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        headers={"X-Session-ID": a["api_key"], "Authorization": f"Bearer {b['api_key']}"},
+    )
+    assert r.status_code == 401 and "different sessions" in r.json()["error"]["message"]
+    assert [router_app.record(s["session_id"])["turns"] for s in (a, b)] == [2, 1]
 
 
 async def test_async_clients_run_concurrent_sessions(router_app):
