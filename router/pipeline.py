@@ -384,12 +384,17 @@ async def _recorded(
 ) -> AsyncIterator[bytes]:
     """The stream's events; errors after the first byte are sent as the dialect's error event."""
     session = turn.session
-    try:
-        async for event in with_keepalive(events, shape.keepalive, state.config.stream_keepalive, overdue):
+
+    async def then_record() -> AsyncIterator[bytes]:  # the write, too, is kept alive: the store may be slow
+        async for event in events:
             yield event
         check_not_aborted(result.generations)
         if session is not None:  # before the finish reasons, so the agent's next turn sees this one
             await state.runner.record(session, plan, result.generations, result.answers, started)
+
+    try:
+        async for event in with_keepalive(then_record(), shape.keepalive, state.config.stream_keepalive, overdue):
+            yield event
     except Exception as e:  # the engine's failure, a refusal, or the store unreachable: told in the stream
         if (error := known_error(e)) is None:
             raise

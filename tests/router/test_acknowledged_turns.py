@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -225,3 +226,23 @@ async def test_the_store_holds_exactly_the_turns_the_agent_was_told_succeeded(
     assert [len(t.output_ids) for t in turns] == told
     assert [(t.turn_index, t.segment_index, t.split_reason) for t in turns] == [(i, 0, None) for i in range(3)]
     assert len(samples) == 1 and samples[0].reward == 1.0
+
+
+def test_a_stream_is_kept_alive_while_its_turn_is_written(tiny_model, engine_url, valkey):
+    """A frozen store holds the write up to `--store-timeout` after the last token: the client
+    hears keep-alives through it (chat's is an empty delta), then the error event, not silence."""
+    config = RouterConfig(
+        model=tiny_model, engine=[engine_url], buffer_url=valkey.url, run_id=f"alive-{uuid.uuid4().hex[:8]}",
+        admin_token=ADMIN_TOKEN, store_timeout=1.0, stream_keepalive=0.05,
+    )  # fmt: skip
+    with serve_app(create_app(config), startup_timeout=30) as url:
+        s = httpx.post(url + "/sessions", json={"group_id": uuid.uuid4().hex}, headers=ADMIN).json()
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS}
+        chat = s["base_url"] + "/chat/completions"
+        with down_during(FAULTS["stalled"], valkey), httpx.stream("POST", chat, json={**body, "stream": True}) as r:
+            events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    parsed = [json.loads(e) for e in events if e != "[DONE]"]
+    assert "error" in parsed[-1], parsed[-1]  # the write failed: told in the stream
+    last_token = max(i for i, e in enumerate(parsed) if e.get("choices") and e["choices"][0]["delta"])
+    waited = parsed[last_token + 1 : -1]
+    assert waited and all(e["choices"][0]["delta"] == {} for e in waited), waited
