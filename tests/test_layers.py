@@ -25,8 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "slimeish.models": {"slimeish.common"},
     "slimeish.trainer": {"slimeish.common"},
     "slimeish.data": {"slimeish.common"},
-    "slimeish.rollout": {"slimeish.common"},
+    "slimeish.rollout": {"slimeish.common", "slimeish.utils"},  # slime's sft_rollout on slime's helpers
     "slimeish.utils": {"slimeish.common"},  # slime's helper paths for plugins
+    "slimeish.backends": {"slimeish.common", "slimeish.trainer"},  # slime's loss-helper paths for loss plugins
     "slimeish.router": {"slimeish.common", "slimeish.buffer!"},
     "slimeish.rollout_functions": {"slimeish.common", "slimeish.rollout", "slimeish.data"},
     "slimeish.viewer": {"slimeish.common", "slimeish.buffer!"},  # reads the buffer through its public API
