@@ -54,8 +54,12 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-# The guard of `guard_group`: on SIGTERM (its parent died) it SIGKILLs process group $1, then exits.
-_GROUP_GUARD = 'trap "kill -KILL -$1 2>/dev/null; exit 0" TERM; while :; do sleep 1; done'
+# The guard of `guard_group`: on SIGTERM (its parent died), or once it sees its parent $2 gone (it
+# died before the signal was armed, or before the trap was set: a loaded machine starts `sh`
+# slowly), it SIGKILLs process group $1, then exits.
+_GROUP_GUARD = (
+    'trap "kill -KILL -$1 2>/dev/null; exit 0" TERM; while kill -0 $2 2>/dev/null; do sleep 1; done; kill -KILL -$1'
+)
 
 
 def guard_group(pgid: int) -> subprocess.Popen[bytes]:
@@ -64,7 +68,7 @@ def guard_group(pgid: int) -> subprocess.Popen[bytes]:
     its starter otherwise. The caller kills the guard (SIGKILL: no trap) once it has ended the
     group itself."""
     return subprocess.Popen(
-        ["sh", "-c", _GROUP_GUARD, "group-guard", str(pgid)],
+        ["sh", "-c", _GROUP_GUARD, "group-guard", str(pgid), str(os.getpid())],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
