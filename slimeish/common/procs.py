@@ -54,27 +54,20 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-# The guard of `guard_group`: on SIGTERM (its parent died), or once it sees its parent $2 gone (it
-# died before the signal was armed, or before the trap was set: a loaded machine starts `sh`
-# slowly), it SIGKILLs process group $1, then exits.
-_GROUP_GUARD = (
-    'trap "kill -KILL -$1 2>/dev/null; exit 0" TERM; while kill -0 $2 2>/dev/null; do sleep 1; done; kill -KILL -$1'
-)
+# `guarded_shell`'s script: $1 is the command line, $2 the pid of the process starting it. Armed
+# first (SIGTERM, which `die_with_parent` sends when that process dies, kills the whole group),
+# then checked that $2 is still its parent (it may have died before the signal was armed), and only
+# then is the command started, in the background so that the trap runs while it does. fd 3 carries
+# stdin past sh's /dev/null for background jobs.
+_GUARDED = 'trap "kill -KILL 0" TERM; [ "$PPID" = "$2" ] || exit 137; exec 3<&0; sh -c "$1" 0<&3 3<&- & wait $!'
 
 
-def guard_group(pgid: int) -> subprocess.Popen[bytes]:
-    """A guard process that SIGKILLs process group `pgid` within about a second of this process
-    (the thread calling this) dying, however it dies: a group in a session of its own outlives
-    its starter otherwise. The caller kills the guard (SIGKILL: no trap) once it has ended the
-    group itself."""
-    return subprocess.Popen(
-        ["sh", "-c", _GROUP_GUARD, "group-guard", str(pgid), str(os.getpid())],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
+def guarded_shell(command: str) -> list[str]:
+    """The argv that runs shell `command` so that its whole process group (start it with
+    `start_new_session=True` and `preexec_fn=die_with_parent`) is killed if the starting process dies,
+    however it dies: a group in a session of its own outlives its starter otherwise. There is no
+    window: a command whose starter died before the guard was armed never starts."""
+    return ["sh", "-c", _GUARDED, "guarded", command, str(os.getpid())]
 
 
 class ManagedProcess:
