@@ -94,8 +94,8 @@ def request_keys(request: Request) -> list[str]:
     base URL among rollouts and name each rollout in a header; their SDK's own key is a placeholder
     then), `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), `x-goog-api-key` / `?key=` (Gemini)."""
     headers = request.headers
-    sent = (headers.get("x-session-id", ""), bearer_token(request), headers.get("x-api-key", ""))
-    sent += (headers.get("x-goog-api-key", ""), request.query_params.get("key", ""))
+    sent = [headers.get("x-session-id", ""), bearer_token(request), headers.get("x-api-key", "")]
+    sent += [headers.get("x-goog-api-key", ""), request.query_params.get("key", "")]
     return [key.strip() for key in sent if key.strip()]
 
 
