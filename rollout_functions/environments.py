@@ -56,8 +56,13 @@ class EnvConfig:
     package: ClassVar[str] = ""
     extra: ClassVar[str] = ""
 
+    @classmethod
+    def load(cls, module: str = "") -> ModuleType:
+        """The ecosystem's package (or its `module`), or a start-up error naming the extra."""
+        return require_extra(module or cls.package, cls.extra)
+
     def check(self) -> None:
-        require_extra(self.package, self.extra)
+        self.load()
         if not self.env_id:
             raise ValueError(f"--env-id is required: the {self.extra} environment to run")
 

@@ -26,7 +26,6 @@ from slimeish.rollout_functions.environments import (
     EpisodeContext,
     Outcome,
     prompts_main,
-    require_extra,
     run_env,
 )
 from slimeish.rollout_functions.sessions import Session
@@ -47,8 +46,8 @@ ROLLOUT_CONFIG = ReasoningGymConfig
 class ReasoningGym(EnvAdapter):
     def __init__(self, env_id: str, env_args: dict[str, Any]) -> None:
         super().__init__(env_id, env_args)
-        self.rg = require_extra("reasoning_gym", "reasoning-gym")
-        self.utils = require_extra("reasoning_gym.utils", "reasoning-gym")
+        self.rg = ReasoningGymConfig.load()
+        self.utils = ReasoningGymConfig.load("reasoning_gym.utils")
 
     @functools.cached_property
     def scorer(self) -> Any:

@@ -24,7 +24,6 @@ from slimeish.rollout_functions.environments import (
     EnvConfig,
     EpisodeContext,
     Outcome,
-    require_extra,
     run_env,
 )
 from slimeish.rollout_functions.sessions import Session
@@ -42,7 +41,7 @@ ROLLOUT_CONFIG = SkyRLGymConfig
 class SkyRLGym(EnvAdapter):
     def __init__(self, env_id: str, env_args: dict[str, Any]) -> None:
         super().__init__(env_id, env_args)
-        self.gym = require_extra("skyrl_gym", "skyrl-gym")
+        self.gym = SkyRLGymConfig.load()
 
     def records(self, n: int, seed: int, split: str) -> list[dict[str, Any]]:
         raise ValueError(

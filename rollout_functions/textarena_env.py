@@ -31,7 +31,6 @@ from slimeish.rollout_functions.environments import (
     EpisodeContext,
     Outcome,
     prompts_main,
-    require_extra,
     run_env,
 )
 from slimeish.rollout_functions.sessions import Session
@@ -61,7 +60,7 @@ class Game:
 class TextArena(EnvAdapter):
     def __init__(self, env_id: str, env_args: dict[str, Any]) -> None:
         super().__init__(env_id, env_args)
-        self.ta = require_extra("textarena", "textarena")
+        self.ta = TextArenaConfig.load()
         self.games: dict[tuple[bool, int, int | None], Game] = {}
 
     def records(self, n: int, seed: int, split: str) -> list[dict[str, Any]]:

@@ -32,7 +32,6 @@ from slimeish.rollout_functions.environments import (
     EpisodeContext,
     Outcome,
     prompts_main,
-    require_extra,
     run_env,
 )
 from slimeish.rollout_functions.sessions import Session
@@ -58,7 +57,7 @@ ROLLOUT_CONFIG = VerifiersConfig
 class Verifiers(EnvAdapter):
     def __init__(self, env_id: str, env_args: dict[str, Any]) -> None:
         super().__init__(env_id, env_args)
-        self.vf = require_extra("verifiers", "verifiers")
+        self.vf = VerifiersConfig.load()
 
     @functools.cached_property
     def env(self) -> Any:
