@@ -80,6 +80,12 @@ class RouterConfig:
     default_max_tokens: int = help_field(2048, help="max new tokens when a request sets none (capped by context)")
     context_length: int | None = help_field(None, help="context window in tokens (default: from the model config)")
     health_interval: float = help_field(2.0, help="seconds between engine health checks")
+    health_check_timeout: float = help_field(5.0, help="seconds an engine has to answer one health check")
+    health_failure_threshold: int = help_field(
+        3,
+        help="health checks in a row an engine may answer late or not 200 before it is ejected "
+        "(one that refuses the connection is ejected at once)",
+    )
     request_timeout: float = help_field(600.0, help="seconds to wait for one engine /generate call")
     engine_retries: int = help_field(2, help="other engines tried when an engine cannot be reached (not on errors)")
     finish_timeout: float = help_field(

@@ -59,7 +59,6 @@ UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ai
 CONNECT_TIMEOUT = 10.0
 HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
 JSON = {"content-type": "application/json"}
-_CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 # SGLang (and uvicorn by default) closes a connection idle for 5 s. Reusing one just as the engine
 # closes it fails the request before the engine reads it, and ejects a healthy engine; so idle
 # connections are dropped here first. Agents often pause longer than that between turns.
@@ -143,6 +142,7 @@ class Engine:
     weight_version: int | None = None
     refused: str | None = None  # why the engine is kept out of the pool until it is added again
     version_checked: bool = False
+    failed_checks: int = 0  # health checks in a row it answered late or not 200
 
     def as_dict(self) -> JSONObject:
         return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version", "refused")}
@@ -174,9 +174,19 @@ Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[JSONObject, N
 
 
 class EnginePool:
-    def __init__(self, client: aiohttp.ClientSession, urls: list[str], timeout: float, retries: int = 2):
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        urls: list[str],
+        timeout: float,
+        retries: int = 2,
+        check_timeout: float = 5.0,
+        failure_threshold: int = 3,
+    ):
         self.client = client
         self.timeout = timeout
+        self._check_timeout = aiohttp.ClientTimeout(total=check_timeout)
+        self.failure_threshold = failure_threshold  # failed checks in a row that eject a reachable engine
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(timeout, CONNECT_TIMEOUT), sock_read=timeout)
         self.retries = retries  # other engines tried after one cannot be reached
         self.engines: dict[str, Engine] = {}
@@ -294,8 +304,14 @@ class EnginePool:
         await asyncio.gather(*(self._check(e) for e in list(self.engines.values())))
 
     async def _check(self, engine: Engine) -> None:
+        """An engine nothing listens on is down at once. One that takes the connection but answers
+        late or not 200 is ejected only after `failure_threshold` such checks in a row: a long
+        prefill on a busy CPU can hold the embedded engine's /health past the check's timeout, and
+        ejecting it then fails its sessions' next turns with 503 though it is serving them. One
+        serving weights older than the pool's that fails to catch up is out at once too."""
+        out_now = False
         try:
-            async with self.client.get(engine.url + "/health", timeout=_CHECK_TIMEOUT) as response:
+            async with self.client.get(engine.url + "/health", timeout=self._check_timeout) as response:
                 ok = response.status == 200
             # A version is read on admission and whenever the engine comes back, or its answers
             # showed an older one (restarted between two checks): it may have missed updates.
@@ -303,12 +319,19 @@ class EnginePool:
                 await self._check_version(engine)
                 if self._behind(engine):
                     ok = await self._catch_up(engine)
+                    out_now = not ok
+        except aiohttp.ClientConnectorError:
+            ok, out_now = False, True
         except HTTP_ERRORS:
             ok = False
-        ok = ok and engine.refused is None
-        if ok != engine.healthy:
-            log.warning("engine %s is now %s", engine.url, "healthy" if ok else "unhealthy")
-        engine.healthy = ok
+        engine.failed_checks = 0 if ok else engine.failed_checks + 1
+        tolerated = engine.healthy and not out_now and engine.failed_checks < self.failure_threshold
+        healthy = engine.refused is None and (ok or tolerated)
+        if healthy != engine.healthy:
+            log.warning("engine %s is now %s", engine.url, "healthy" if healthy else "unhealthy")
+        elif not ok and healthy:
+            log.warning("engine %s failed a health check (%d in a row)", engine.url, engine.failed_checks)
+        engine.healthy = healthy
 
     def _behind(self, engine: Engine) -> bool:
         """Serving an older version than the last update (or none it reports). An engine ahead of
@@ -339,7 +362,7 @@ class EnginePool:
     async def _check_version(self, engine: Engine) -> None:
         """Turns record integer weight versions: refuse an engine reporting another kind (SGLang's
         default is "default"). An engine without /model_info (a router in front) is trusted."""
-        async with self.client.get(engine.url + "/model_info", timeout=_CHECK_TIMEOUT) as response:
+        async with self.client.get(engine.url + "/model_info", timeout=self._check_timeout) as response:
             status, content = response.status, await response.read()
         engine.version_checked = True
         try:

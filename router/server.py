@@ -64,7 +64,14 @@ def next_turn_prompt(config: RouterConfig, renderer: Renderer) -> str:
 def _build_state(config: RouterConfig, store: TurnStore, client: aiohttp.ClientSession) -> RouterState:
     renderer = load_renderer(config.model, config.renderer)
     metrics = RouterMetrics()
-    pool = EnginePool(client, config.engine, timeout=config.request_timeout, retries=config.engine_retries)
+    pool = EnginePool(
+        client,
+        config.engine,
+        timeout=config.request_timeout,
+        retries=config.engine_retries,
+        check_timeout=config.health_check_timeout,
+        failure_threshold=config.health_failure_threshold,
+    )
     return RouterState(
         config=config,
         renderer=renderer,

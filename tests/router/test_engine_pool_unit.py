@@ -89,7 +89,7 @@ async def engines():
 @pytest.fixture
 async def pool(engines):
     async with aiohttp.ClientSession() as client:
-        yield EnginePool(client, [engines.url(n) for n in "abc"], timeout=TIMEOUT)
+        yield EnginePool(client, [engines.url(n) for n in "abc"], timeout=TIMEOUT, check_timeout=TIMEOUT)
 
 
 def test_connect_timeouts_are_retried_elsewhere_read_timeouts_are_not():
@@ -221,6 +221,24 @@ async def test_health_checks_eject_and_readmit(engines, pool):
     await engines.set("b", "ok")
     await pool.check_health()
     assert pool.engines[engines.url("b")].healthy
+
+
+async def test_a_slow_health_check_ejects_only_after_the_threshold(engines, pool):
+    """An engine that takes the connection but answers /health late (a long prefill on a busy CPU)
+    stays in the pool for `failure_threshold - 1` checks and comes back with its first answer."""
+    await engines.set("b", "slow")
+    b = pool.engines[engines.url("b")]
+    for _ in range(pool.failure_threshold - 1):
+        await pool.check_health()
+        assert b.healthy
+    await pool.check_health()
+    assert not b.healthy and b.failed_checks == pool.failure_threshold
+    await engines.set("b", "ok")
+    await pool.check_health()
+    assert b.healthy and b.failed_checks == 0
+    await engines.set("b", "500")
+    await pool.check_health()
+    assert b.healthy  # one failed answer is tolerated too
 
 
 async def test_fan_out_skips_engines_that_are_down_and_ejects_those_that_fail(engines, pool):
