@@ -35,7 +35,11 @@ class EngineConfig:
     max_request_sequences: int = help_field(
         256, help="sequences one /generate request may ask for (prompts x n); more is a 400, not a stalled engine"
     )
-    max_prefill_tokens: int = help_field(8192, help="prompt tokens admitted (prefilled) in one step at most")
+    max_prefill_tokens: int = help_field(
+        2048,
+        help="prompt tokens prefilled in one step at most; requests and /health are answered only between "
+        "steps, so a larger step holds them longer during a long prefill",
+    )
     cpu_threads: int = help_field(
         1, help="torch intra-op threads on CPU; small models decode fastest with 1; threads on busy cores stall"
     )
