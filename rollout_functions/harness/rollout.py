@@ -12,6 +12,7 @@ counts the outcomes (docs/harness.md).
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -70,14 +71,23 @@ def episode_spec(args: Any, sample: Sample, session: Session) -> EpisodeSpec:
     if not isinstance(sample.label, str):
         raise ValueError(f"a harness sample's label must be its task directory, got {sample.label!r}")
     task = load_task(sample.label)
-    env = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key}
+    session_env = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key}
     return EpisodeSpec(
         task=task,
         agent_command=args.agent_command,
-        env=env | {"SLIMEISH_INSTRUCTION": task.instruction},
+        env=task.agent_env | session_env | {"SLIMEISH_INSTRUCTION": task.instruction},
         timeout_s=min(task.agent_timeout_s * args.agent_timeout_multiplier, args.rollout_timeout),
+        router=router_address(session.base_url),
         grade_in_place=args.grade_in_place,
     )
+
+
+def router_address(base_url: str) -> tuple[str, int]:
+    """The host and port the session's URL names: what a sandbox without a network still reaches."""
+    url = urllib.parse.urlsplit(base_url)
+    if url.hostname is None:
+        raise ValueError(f"the session's base URL {base_url!r} names no host")
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
 
 
 async def harness_episode(args: Any, session: Session, sample: Sample) -> Sample:
