@@ -22,6 +22,7 @@ from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slimeish.rollout_functions.harness.episode import EpisodeSpec, InfrastructureFailure, OutcomeKind, run_episode
 from slimeish.rollout_functions.harness.local import LocalProvider
+from slimeish.rollout_functions.harness.pool import WarmPool
 from slimeish.rollout_functions.harness.sandbox import SandboxProvider
 from slimeish.rollout_functions.harness.tasks import load_task
 from slimeish.rollout_functions.sessions import STORED_METADATA, Session, router_sessions, run_episodes
@@ -44,6 +45,11 @@ class HarnessConfig:
     sandbox_root: Path | None = help_field(
         None, help="directory of the local sandboxes (default: TMPDIR/slimeish-sandboxes)"
     )
+    sandbox_pool: int = help_field(
+        0,
+        help="sandboxes kept ready per task, their workspace laid out and setup.sh run off the episode's "
+        "critical path (0: each episode creates its own)",
+    )
     agent_timeout_multiplier: float = help_field(
         1.0, help="scales every task's [agent] timeout_sec (Harbor's flag: slow machines, slow-starting programs)"
     )
@@ -56,15 +62,19 @@ class HarnessConfig:
             raise ValueError("slimeish.rollout_functions.harness needs --agent-command")
         if self.agent_timeout_multiplier <= 0:
             raise ValueError(f"--agent-timeout-multiplier must be > 0, got {self.agent_timeout_multiplier}")
+        if self.sandbox_pool < 0:
+            raise ValueError(f"--sandbox-pool must be >= 0, got {self.sandbox_pool}")
 
 
 ROLLOUT_CONFIG = HarnessConfig
 
 
 @functools.cache
-def provider_for(kind: str, root: Path | None, bwrap: Literal["auto", "on", "off"]) -> SandboxProvider:
+def provider_for(kind: str, root: Path | None, bwrap: Literal["auto", "on", "off"], pool: int) -> SandboxProvider:
+    """One provider per run (cached): its warm pool and memory watch serve every step."""
     assert kind == "local", kind  # the flag's choices
-    return LocalProvider(root, bwrap)
+    provider = LocalProvider(root, bwrap)
+    return WarmPool(provider, pool) if pool else provider
 
 
 def episode_spec(args: Any, sample: Sample, session: Session) -> EpisodeSpec:
@@ -91,7 +101,7 @@ def router_address(base_url: str) -> tuple[str, int]:
 
 
 async def harness_episode(args: Any, session: Session, sample: Sample) -> Sample:
-    provider = provider_for(args.sandbox_provider, args.sandbox_root, args.sandbox_bwrap)
+    provider = provider_for(args.sandbox_provider, args.sandbox_root, args.sandbox_bwrap, args.sandbox_pool)
 
     async def model_called() -> bool:
         return await router_sessions().captured_turns(session) > 0

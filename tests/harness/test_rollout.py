@@ -30,7 +30,11 @@ def test_the_spec_gives_the_program_its_session_and_a_scaled_capped_timeout():
 
 @pytest.mark.parametrize(
     "cfg, error",
-    [(HarnessConfig(), "needs --agent-command"), (HarnessConfig(agent_command="a", agent_timeout_multiplier=0), "> 0")],
+    [
+        (HarnessConfig(), "needs --agent-command"),
+        (HarnessConfig(agent_command="a", agent_timeout_multiplier=0), "> 0"),
+        (HarnessConfig(agent_command="a", sandbox_pool=-1), "--sandbox-pool must be >= 0"),
+    ],
 )
 def test_bad_flags_are_refused_at_start_up(cfg, error):
     with pytest.raises(ValueError, match=error):
