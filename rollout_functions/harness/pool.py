@@ -48,11 +48,12 @@ class WarmPool(SandboxProvider):
             return await self.inner.create(task, setup=False)
         ready = self._ready[str(task.path)]
         sandbox = ready.pop() if ready else None
-        self._top_up(task)
+        self.fill(task)
         return sandbox if sandbox is not None else await self.inner.create(task)
 
-    def _top_up(self, task: Task) -> None:
-        """Start building until ready and building together make the pool's size."""
+    def fill(self, task: Task) -> None:
+        """Start building until ready and building together make the pool's size (each claim
+        does; call it ahead of a task's first claim to have that one warm too)."""
         key = str(task.path)
         building = self._building[key]
         building.difference_update([b for b in building if b.done()])  # cancelled with an earlier step's loop

@@ -69,3 +69,22 @@ def test_a_failed_warm_build_leaves_the_claim_to_build_its_own(make_task, tmp_pa
 def test_a_pool_holds_at_least_one(tmp_path):
     with pytest.raises(ValueError, match="at least one"):
         WarmPool(LocalProvider(tmp_path, "off"), size=0)
+
+
+def test_filling_ahead_makes_a_tasks_first_claim_warm(make_task, tmp_path):
+    builds = tmp_path / "builds.log"
+    task = load_task(make_task("ahead", setup_sh=f"echo built >> {builds}"))
+
+    async def scenario():
+        pool = WarmPool(LocalProvider(tmp_path / "sandboxes", "off"), size=1)
+        pool.fill(task)
+        await until_ready(pool, task, 1)
+        before = builds.read_text().count("built")
+        first = await pool.create(task)
+        at_claim = builds.read_text().count("built")
+        await first.destroy()
+        await until_ready(pool, task, 1)
+        await pool.drain()
+        return before, at_claim
+
+    assert asyncio.run(scenario()) == (1, 1)  # the first claim ran no setup.sh of its own
