@@ -13,14 +13,16 @@ used it creates its own, whose failure is the episode's `sandbox_failed`.
 
 Ready sandboxes outlive the event loop of the rollout step that built them (a local sandbox is a
 directory); builds still running when a step's loop ends are cancelled and clean up after
-themselves. `drain()` destroys what is ready, and runs at exit.
+themselves. `drain()` stops the builds and destroys what is ready; what is ready at exit is
+destroyed then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
+import concurrent.futures.thread  # noqa: F401 (its exit hook registered before ours, so ours runs first)
 import logging
+import threading
 from collections import defaultdict
 
 from slimeish.rollout_functions.harness.sandbox import Sandbox, SandboxError, SandboxProvider
@@ -37,7 +39,9 @@ class WarmPool(SandboxProvider):
         self.size = size
         self._ready: defaultdict[str, list[Sandbox]] = defaultdict(list)  # by task directory
         self._building: defaultdict[str, set[asyncio.Task[None]]] = defaultdict(set)
-        atexit.register(self._drain_at_exit)
+        # at exit, while threads can still start (a destroy may use asyncio.to_thread): the hook the
+        # standard library's own thread pools use, which runs before a plain atexit one
+        threading._register_atexit(self._drain_at_exit)  # type: ignore[attr-defined]
 
     def ready(self, task: Task) -> int:
         """How many sandboxes for `task` wait to be claimed."""
@@ -71,7 +75,12 @@ class WarmPool(SandboxProvider):
         self._ready[str(task.path)].append(sandbox)
 
     async def drain(self) -> None:
-        """Destroy every ready sandbox (the builds still running are their loop's to cancel)."""
+        """Stop the builds running in this loop and destroy every ready sandbox."""
+        loop = asyncio.get_running_loop()
+        running = [b for building in self._building.values() for b in building if b.get_loop() is loop]
+        for build in running:
+            build.cancel()
+        await asyncio.gather(*running, return_exceptions=True)  # a cancelled build destroys its own
         waiting = [s for ready in self._ready.values() for s in ready]
         self._ready.clear()
         await asyncio.gather(*(s.destroy() for s in waiting))

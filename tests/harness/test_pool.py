@@ -4,6 +4,8 @@ the next one in the background, each sandbox serves one episode, and what is rea
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -88,3 +90,32 @@ def test_filling_ahead_makes_a_tasks_first_claim_warm(make_task, tmp_path):
         return before, at_claim
 
     assert asyncio.run(scenario()) == (1, 1)  # the first claim ran no setup.sh of its own
+
+
+EXITING = """
+import asyncio, sys
+from pathlib import Path
+from slimeish.rollout_functions.harness.local import LocalProvider
+from slimeish.rollout_functions.harness.pool import WarmPool
+from slimeish.rollout_functions.harness.tasks import load_task
+
+async def main():
+    pool = WarmPool(LocalProvider(Path(sys.argv[1]), "off"), size=2)
+    task = load_task(sys.argv[2])
+    pool.fill(task)
+    while pool.ready(task) < 2:
+        await asyncio.sleep(0.05)
+    print("ready", len(list(Path(sys.argv[1]).iterdir())))
+
+asyncio.run(main())
+"""
+
+
+def test_what_is_ready_at_exit_is_destroyed(make_task, tmp_path):
+    task = make_task("at-exit", setup_sh="echo ws > made.txt")
+    root = tmp_path / "sandboxes"
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, str(root), str(task)], capture_output=True, text=True, timeout=WAIT_S
+    )
+    assert done.returncode == 0 and "ready 2" in done.stdout, done.stderr
+    assert "Traceback" not in done.stderr and list(root.iterdir()) == []
