@@ -8,9 +8,9 @@
                                                                       -- no reward: grader_failed
 
 The outcome is a typed record. Its `kind` says whose failure it was: the agent's own outcomes
-(`completed`, `agent_timeout`, `agent_out_of_memory`, `agent_error`) carry the tests' reward and are trained on; the
-infrastructure's (`sandbox_failed`, `agent_start_failed` (the program exited non-zero before its
-first model call), `grader_failed`) are raised as `InfrastructureFailure`, an `EpisodeLost`, so
+(`completed`, `agent_timeout`, `agent_out_of_memory`, `agent_error`) carry the tests' reward and
+are trained on; the infrastructure's (`sandbox_failed`, `agent_start_failed` (the program exited
+or was killed before its first model call), `grader_failed`) are raised as `InfrastructureFailure`, an `EpisodeLost`, so
 the member is generated again in a new session and never trained as a 0.
 """
 
