@@ -1,8 +1,10 @@
-"""Local sandbox cost: claim (create) latency, and whole oracle episodes/s at a concurrency.
+"""Local sandbox cost: claim (create) latency cold and from a warm pool, and whole oracle episodes/s at a concurrency.
 
 No model and no router: each episode is `run_episode` on an example task with its reference
 solution as the agent (Harbor's oracle), so what is measured is the sandbox and grading
-machinery itself (create, copy the workspace out twice, a fresh grader sandbox, test.sh). Run by hand:
+machinery itself (create, copy the workspace out twice, a fresh grader sandbox, test.sh). A warm
+claim is taken once the pool (`--sandbox-pool 1`) has rebuilt its sandbox, as between episodes that
+last longer than a build. Run by hand:
 
     .venv/bin/python bench/harness_sandbox.py --creates 40 --episodes 32 --concurrency 16
 """
@@ -20,6 +22,8 @@ from typing import Literal
 
 from slimeish.rollout_functions.harness.episode import EpisodeSpec, run_episode
 from slimeish.rollout_functions.harness.local import LocalProvider
+from slimeish.rollout_functions.harness.pool import WarmPool
+from slimeish.rollout_functions.harness.sandbox import SandboxProvider
 from slimeish.rollout_functions.harness.tasks import find_tasks
 
 TASKS = Path(__file__).resolve().parents[1] / "examples" / "coding_tasks" / "tasks"
@@ -30,11 +34,16 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(values) * 1e3, 1), "p95_ms": round(cuts[18] * 1e3, 1)}
 
 
-async def claims(provider: LocalProvider, n: int) -> dict[str, float]:
-    """Create-and-destroy latency of the `count-lines` task (a workspace built by setup.sh)."""
+async def claims(provider: SandboxProvider, n: int) -> dict[str, float]:
+    """Claim latency of the `count-lines` task (a workspace built by setup.sh); from a pool, each
+    claim waits for the pool to hold a ready sandbox first."""
     task = next(t for t in find_tasks(TASKS) if t.name == "count-lines")
     took = []
     for _ in range(n):
+        if isinstance(provider, WarmPool):
+            provider.fill(task)
+            while provider.ready(task) < provider.size:
+                await asyncio.sleep(0.01)
         started = time.perf_counter()
         sandbox = await provider.create(task)
         took.append(time.perf_counter() - started)
@@ -42,7 +51,7 @@ async def claims(provider: LocalProvider, n: int) -> dict[str, float]:
     return percentiles(took)
 
 
-async def episodes(provider: LocalProvider, n: int, concurrency: int) -> dict[str, object]:
+async def episodes(provider: SandboxProvider, n: int, concurrency: int) -> dict[str, object]:
     tasks, limit = find_tasks(TASKS), asyncio.Semaphore(concurrency)
 
     async def called() -> bool:
@@ -67,13 +76,20 @@ async def main() -> None:
     parser.add_argument("--creates", type=int, default=40)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--pool", type=int, default=2, help="warm sandboxes per task in the pooled episodes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         modes: tuple[Literal["on"], Literal["off"]] = ("on", "off")
         for bwrap in modes:
             provider = LocalProvider(Path(root) / bwrap, bwrap)
             result: dict[str, object] = {"bwrap": bwrap, "claim": await claims(provider, args.creates)}
+            warm = WarmPool(provider, 1)
+            result["claim_warm"] = await claims(warm, args.creates)
+            await warm.drain()
             result |= await episodes(provider, args.episodes, args.concurrency)
+            pooled = WarmPool(provider, args.pool)
+            result["pooled"] = await episodes(pooled, args.episodes, args.concurrency)
+            await pooled.drain()
             print(json.dumps(result), flush=True)
 
 

@@ -2,14 +2,15 @@
 
     create the sandbox (the task's workspace, environment/setup.sh)  -- fails: sandbox_failed
     run the agent command in /app, within the task's [agent] timeout -- killed at it: agent_timeout
+                                     and its memory_mb -- killed at it: agent_out_of_memory
     grade: tests/ into a fresh sandbox holding the agent's final /app (or in place), run test.sh,
            read /logs/verifier/reward.txt (a number) or reward.json ({"reward": x})
                                                                       -- no reward: grader_failed
 
 The outcome is a typed record. Its `kind` says whose failure it was: the agent's own outcomes
-(`completed`, `agent_timeout`, `agent_error`) carry the tests' reward and are trained on; the
-infrastructure's (`sandbox_failed`, `agent_start_failed` (the program exited non-zero before its
-first model call), `grader_failed`) are raised as `InfrastructureFailure`, an `EpisodeLost`, so
+(`completed`, `agent_timeout`, `agent_out_of_memory`, `agent_error`) carry the tests' reward and
+are trained on; the infrastructure's (`sandbox_failed`, `agent_start_failed` (the program exited
+or was killed before its first model call), `grader_failed`) are raised as `InfrastructureFailure`, an `EpisodeLost`, so
 the member is generated again in a new session and never trained as a 0.
 """
 
@@ -31,9 +32,11 @@ from slimeish.rollout_functions.harness.sandbox import (
     LOGS,
     TESTS,
     ExecResult,
+    Network,
     Sandbox,
     SandboxError,
     SandboxProvider,
+    describe_exit,
 )
 from slimeish.rollout_functions.harness.tasks import Task
 from slimeish.rollout_functions.sessions import EpisodeLost
@@ -45,6 +48,7 @@ GRADER_OUTPUT_LIMIT = 16 * 1024
 class OutcomeKind(StrEnum):
     COMPLETED = "completed"  # the agent exited 0; the tests gave the reward
     AGENT_TIMEOUT = "agent_timeout"  # killed at the task's agent timeout; graded as it stood
+    AGENT_OUT_OF_MEMORY = "agent_out_of_memory"  # killed at the task's memory limit; graded as it stood
     AGENT_ERROR = "agent_error"  # exited non-zero after talking to the model; graded as it stood
     SANDBOX_FAILED = "sandbox_failed"  # infrastructure: no sandbox, setup failed, sandbox lost
     AGENT_START_FAILED = "agent_start_failed"  # infrastructure: the program died before any model call
@@ -90,6 +94,7 @@ class EpisodeSpec:
     agent_command: str
     env: dict[str, str]  # the session's URL and key, in the program's own variables
     timeout_s: float  # the agent's limit: the task's, capped by the run's
+    router: tuple[str, int] | None = None  # the router's host and port: the agent reaches it with its network off
     grade_in_place: bool = False
 
 
@@ -104,9 +109,9 @@ async def run_episode(provider: SandboxProvider, spec: EpisodeSpec, model_called
         sandbox = await _timed(outcome, "sandbox_create_s", _create(provider, spec.task, outcome))
         try:
             await _snapshot(sandbox, Path(scratch) / "before")
-            result = await _timed(
-                outcome, "agent_s", sandbox.exec(spec.agent_command, env=spec.env, timeout_s=spec.timeout_s)
-            )
+            network = Network(internet=spec.task.agent_internet, router=spec.router)
+            agent = sandbox.exec(spec.agent_command, env=spec.env, timeout_s=spec.timeout_s, network=network)
+            result = await _timed(outcome, "agent_s", agent)
             await _judge_agent(result, outcome, spec, model_called)
             after = Path(scratch) / "after"
             await _snapshot(sandbox, after)
@@ -153,10 +158,12 @@ async def _judge_agent(result: ExecResult, outcome: Outcome, spec: EpisodeSpec, 
     if result.timed_out:
         outcome.kind, outcome.reason = OutcomeKind.AGENT_TIMEOUT, f"killed at the agent timeout ({spec.timeout_s:g} s)"
     elif result.exit_code != 0:
-        if not await model_called():
-            reason = f"the agent command exited with {result.exit_code} before any model call: {result.output[-500:]}"
+        reason = f"the agent command {describe_exit(result, spec.task)}"
+        if not await model_called():  # the program itself did not start here: nothing of the policy's to judge
+            reason = f"{reason} before any model call: {result.output[-500:]}"
             raise _infra(outcome, OutcomeKind.AGENT_START_FAILED, reason)
-        outcome.kind, outcome.reason = OutcomeKind.AGENT_ERROR, f"the agent command exited with {result.exit_code}"
+        kind = OutcomeKind.AGENT_OUT_OF_MEMORY if result.out_of_memory else OutcomeKind.AGENT_ERROR
+        outcome.kind, outcome.reason = kind, reason
 
 
 async def _grade(sandbox: Sandbox, task: Task, outcome: Outcome) -> None:
@@ -164,10 +171,14 @@ async def _grade(sandbox: Sandbox, task: Task, outcome: Outcome) -> None:
     await sandbox.upload(task.tests, TESTS)
     with tempfile.TemporaryDirectory(prefix="slimeish-verifier-") as empty:  # no reward planted by the agent
         await sandbox.upload(Path(empty), f"{LOGS}/verifier")
-    result = await sandbox.exec('bash "$TESTS_DIR/test.sh"', env=task.verifier_env, timeout_s=task.verifier_timeout_s)
+    network = Network(internet=task.verifier_internet)
+    command, timeout_s = 'bash "$TESTS_DIR/test.sh"', task.verifier_timeout_s
+    result = await sandbox.exec(command, env=task.verifier_env, timeout_s=timeout_s, network=network)
     outcome.grader_exit, outcome.grader_output = result.exit_code, result.output[-GRADER_OUTPUT_LIMIT:]
     if result.timed_out:
         raise _infra(outcome, OutcomeKind.GRADER_FAILED, f"test.sh passed its timeout ({task.verifier_timeout_s:g} s)")
+    if result.out_of_memory:
+        raise _infra(outcome, OutcomeKind.GRADER_FAILED, f"test.sh {describe_exit(result, task)}")
     with tempfile.TemporaryDirectory(prefix="slimeish-verifier-") as tmp:
         await sandbox.download(f"{LOGS}/verifier", Path(tmp) / "verifier")
         reward, problem = read_reward(Path(tmp) / "verifier")

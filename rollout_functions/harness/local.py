@@ -8,10 +8,15 @@ an agent can write only its workspace and never sees another episode's. Without 
 command runs in `ROOT/<id>/app` with the same environment variables but no confinement: a
 development fallback, said at start-up.
 
-Either way a command gets a process group of its own (killed as a whole at its timeout), the
-task's `memory_mb` as its data-segment limit (`prlimit --data`), and no core dumps. The network
-is shared with the host, so that the agent reaches the router on loopback; `cpus` is not enforced
-here (a container provider does).
+A command sees none of the host's environment: only `PASSED_HOST_VARS` (where programs are found,
+the locale), the sandbox's own variables and those the caller gives. Under bubblewrap a command
+whose network is off gets a network namespace holding only loopback; the router, when the command
+needs it, is reached through `RouterBridge` (bridge.py). Without bubblewrap the network is the
+host's.
+
+Either way a command gets a process group of its own (killed as a whole at its timeout), the task's
+memory and CPUs (limits.py: the group killed when its resident memory passes `memory_mb`, pinned
+to `cpus` cores), and no core dumps.
 """
 
 from __future__ import annotations
@@ -24,17 +29,23 @@ import shutil
 import signal
 import tempfile
 import uuid
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Literal
 
+from slimeish.rollout_functions.harness.bridge import INSIDE_DIR, RouterBridge
+from slimeish.rollout_functions.harness.limits import BACKSTOP, CpuPlan, MemoryWatch
 from slimeish.rollout_functions.harness.sandbox import (
     APP,
     LOGS,
+    NO_NETWORK,
     TESTS,
     ExecResult,
+    Network,
     Sandbox,
     SandboxError,
     SandboxProvider,
+    describe_exit,
 )
 from slimeish.rollout_functions.harness.tasks import Task
 
@@ -44,6 +55,7 @@ OUTPUT_TAIL = 64 * 1024  # characters of a command's output kept
 PIPE_DRAIN_S = 10.0  # how long the output may stay open after the command's group ended
 DIRS = {APP: "app", TESTS: "tests", LOGS: "logs", "/tmp": "tmp"}
 SKIPPED_TOP_LEVEL = {"/tmp", "/proc", "/dev"}  # replaced by the sandbox's own
+PASSED_HOST_VARS = ("PATH", "LANG", "LC_ALL", "TZ")  # no credentials: programs installed on the host need them
 
 
 def default_root() -> Path:
@@ -51,10 +63,12 @@ def default_root() -> Path:
 
 
 class LocalSandbox(Sandbox):
-    def __init__(self, root: Path, task: Task, bwrap: bool):
+    def __init__(self, root: Path, task: Task, bwrap: bool, memory: MemoryWatch, cpus: list[str]):
         self.dir = root / uuid.uuid4().hex
         self.task = task
         self.bwrap = bwrap
+        self.memory = memory
+        self.cpus = cpus  # taskset's argv pinning this sandbox's commands, or nothing
         self._running: set[int] = set()  # process groups of commands still running
         for sub in DIRS.values():
             (self.dir / sub).mkdir(parents=True)
@@ -72,28 +86,46 @@ class LocalSandbox(Sandbox):
         seen = {top: top if self.bwrap else str(self.host_path(top)) for top in DIRS}
         own = {"APP_DIR": seen[APP], "TESTS_DIR": seen[TESTS], "LOGS_DIR": seen[LOGS]}
         own |= {"TMPDIR": seen["/tmp"], "HOME": seen["/tmp"]}  # programs write their config under HOME
-        return {**os.environ, **own, **env}
+        host = {name: os.environ[name] for name in PASSED_HOST_VARS if name in os.environ}
+        return {**host, **own, **env}
 
-    def _argv(self, command: str) -> list[str]:
-        limits = ["prlimit", f"--data={self.task.memory_mb * 1024 * 1024}", "--core=0", "--"]
-        if not self.bwrap:
-            return [*limits, "bash", "-c", command]
-        return [*limits, *bwrap_argv(self.dir, self.dir.parent), "bash", "-c", command]
+    def _argv(self, command: str, network: Network, bridge: RouterBridge | None) -> list[str]:
+        memory = self.task.memory_mb * 1024 * 1024 * BACKSTOP
+        argv = ["prlimit", f"--data={memory}", "--core=0", "--", *self.cpus]
+        if self.bwrap:
+            argv += bwrap_argv(self.dir, self.dir.parent, internet=network.internet, bridge=bridge)
+        if bridge is not None:
+            assert network.router is not None
+            argv += bridge.inside_argv(network.router[1])
+        return [*argv, "bash", "-c", command]
 
-    async def exec(self, command: str, *, env: dict[str, str], timeout_s: float) -> ExecResult:
+    def _bridge(self, network: Network) -> AbstractAsyncContextManager[RouterBridge | None]:
+        """The router's bridge when the command has no network of its own to reach it by."""
+        if network.router is None or network.internet or not self.bwrap:
+            return contextlib.nullcontext()
+        return RouterBridge(network.router)
+
+    async def exec(
+        self, command: str, *, env: dict[str, str], timeout_s: float, network: Network = NO_NETWORK
+    ) -> ExecResult:
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._argv(command),
-                cwd=self.host_path(APP),
-                env=self._env(env),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # its own process group: the whole tree is killed together
-            )
-        except OSError as exc:  # its directory is gone, or prlimit/bwrap cannot start
+            async with self._bridge(network) as bridge:
+                return await self._run(self._argv(command, network, bridge), env, timeout_s)
+        except OSError as exc:  # its directory is gone, prlimit/bwrap cannot start, no socket for the bridge
             raise SandboxError(f"could not start a command in {self.dir}: {exc}") from exc
+
+    async def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> ExecResult:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=self.host_path(APP),
+            env=self._env(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the whole tree is killed together
+        )
         self._running.add(proc.pid)
+        watched = self.memory.watch(proc.pid, self.task.memory_mb * 1024 * 1024)
         assert proc.stdout is not None
         reader = asyncio.ensure_future(proc.stdout.read())  # kept apart, so a timeout keeps what was said
         timed_out = False
@@ -110,13 +142,17 @@ class LocalSandbox(Sandbox):
             raise
         finally:
             self._running.discard(proc.pid)
+            self.memory.unwatch(watched)
         try:  # EOF once every holder of the pipe is gone; one that left the group must not hold us
             out = await asyncio.wait_for(reader, PIPE_DRAIN_S)
         except TimeoutError:
             out = b"(output cut: a process that left the sandbox's process group still holds it)"
         assert proc.returncode is not None
         return ExecResult(
-            exit_code=proc.returncode, output=out.decode(errors="replace")[-OUTPUT_TAIL:], timed_out=timed_out
+            exit_code=proc.returncode,
+            output=out.decode(errors="replace")[-OUTPUT_TAIL:],
+            timed_out=timed_out,
+            out_of_memory=watched.exceeded,
         )
 
     async def upload(self, src: Path, dest: str) -> None:
@@ -142,10 +178,15 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def bwrap_argv(sandbox: Path, root: Path) -> list[str]:
+def bwrap_argv(sandbox: Path, root: Path, *, internet: bool, bridge: RouterBridge | None) -> list[str]:
     """bubblewrap's arguments for `sandbox`: the host read-only, the sandbox's directories at
-    Harbor's paths, every other sandbox under `root` hidden, a PID namespace that dies with us."""
+    Harbor's paths, every other sandbox under `root` hidden, a PID namespace that dies with us,
+    and without `internet` a network namespace holding only loopback (and `bridge`'s socket)."""
     argv = ["bwrap", "--die-with-parent", "--unshare-pid", "--new-session", "--dev", "/dev", "--proc", "/proc"]
+    if not internet:
+        argv.append("--unshare-net")
+    if bridge is not None:
+        argv += ["--ro-bind", str(bridge.dir), INSIDE_DIR]
     for entry in sorted(Path("/").iterdir()):
         top = str(entry)
         if top in SKIPPED_TOP_LEVEL:
@@ -168,12 +209,14 @@ class LocalProvider(SandboxProvider):
         if bwrap == "on" and not found:
             raise ValueError("--sandbox-bwrap on needs bubblewrap: apt-get install bubblewrap")
         self.bwrap = found and bwrap != "off"
+        self.memory = MemoryWatch()
+        self.cpu_plan = CpuPlan()
         if not self.bwrap:
             log.warning("local sandboxes run without bubblewrap: agents are not confined to their workspace")
 
     async def create(self, task: Task, *, setup: bool = True) -> Sandbox:
         try:
-            sandbox = LocalSandbox(self.root, task, self.bwrap)
+            sandbox = LocalSandbox(self.root, task, self.bwrap, self.memory, self.cpu_plan.taskset_argv(task.cpus))
         except OSError as exc:
             raise SandboxError(f"could not create a sandbox under {self.root}: {exc}") from exc
         try:
@@ -194,7 +237,8 @@ class LocalProvider(SandboxProvider):
             return
         shutil.copy(task.setup_script, sandbox.host_path("/tmp/setup.sh"))
         tmp = "/tmp" if sandbox.bwrap else str(sandbox.host_path("/tmp"))
-        result = await sandbox.exec(f"bash {tmp}/setup.sh", env={}, timeout_s=task.build_timeout_s)
+        network = Network(internet=task.setup_internet)
+        result = await sandbox.exec(f"bash {tmp}/setup.sh", env={}, timeout_s=task.build_timeout_s, network=network)
         if result.exit_code != 0:
-            state = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+            state = describe_exit(result, task)
             raise SandboxError(f"{task.name}: environment/setup.sh {state}: {result.output[-500:]}")

@@ -12,6 +12,7 @@ counts the outcomes (docs/harness.md).
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slimeish.rollout_functions.harness.episode import EpisodeSpec, InfrastructureFailure, OutcomeKind, run_episode
 from slimeish.rollout_functions.harness.local import LocalProvider
+from slimeish.rollout_functions.harness.pool import WarmPool
 from slimeish.rollout_functions.harness.sandbox import SandboxProvider
 from slimeish.rollout_functions.harness.tasks import load_task
 from slimeish.rollout_functions.sessions import STORED_METADATA, Session, router_sessions, run_episodes
@@ -43,6 +45,11 @@ class HarnessConfig:
     sandbox_root: Path | None = help_field(
         None, help="directory of the local sandboxes (default: TMPDIR/slimeish-sandboxes)"
     )
+    sandbox_pool: int = help_field(
+        0,
+        help="sandboxes kept ready per task, their workspace laid out and setup.sh run off the episode's "
+        "critical path (0: each episode creates its own)",
+    )
     agent_timeout_multiplier: float = help_field(
         1.0, help="scales every task's [agent] timeout_sec (Harbor's flag: slow machines, slow-starting programs)"
     )
@@ -55,33 +62,46 @@ class HarnessConfig:
             raise ValueError("slimeish.rollout_functions.harness needs --agent-command")
         if self.agent_timeout_multiplier <= 0:
             raise ValueError(f"--agent-timeout-multiplier must be > 0, got {self.agent_timeout_multiplier}")
+        if self.sandbox_pool < 0:
+            raise ValueError(f"--sandbox-pool must be >= 0, got {self.sandbox_pool}")
 
 
 ROLLOUT_CONFIG = HarnessConfig
 
 
 @functools.cache
-def provider_for(kind: str, root: Path | None, bwrap: Literal["auto", "on", "off"]) -> SandboxProvider:
+def provider_for(kind: str, root: Path | None, bwrap: Literal["auto", "on", "off"], pool: int) -> SandboxProvider:
+    """One provider per run (cached): its warm pool and memory watch serve every step."""
     assert kind == "local", kind  # the flag's choices
-    return LocalProvider(root, bwrap)
+    provider = LocalProvider(root, bwrap)
+    return WarmPool(provider, pool) if pool else provider
 
 
 def episode_spec(args: Any, sample: Sample, session: Session) -> EpisodeSpec:
     if not isinstance(sample.label, str):
         raise ValueError(f"a harness sample's label must be its task directory, got {sample.label!r}")
     task = load_task(sample.label)
-    env = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key}
+    session_env = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key}
     return EpisodeSpec(
         task=task,
         agent_command=args.agent_command,
-        env=env | {"SLIMEISH_INSTRUCTION": task.instruction},
+        env=task.agent_env | session_env | {"SLIMEISH_INSTRUCTION": task.instruction},
         timeout_s=min(task.agent_timeout_s * args.agent_timeout_multiplier, args.rollout_timeout),
+        router=router_address(session.base_url),
         grade_in_place=args.grade_in_place,
     )
 
 
+def router_address(base_url: str) -> tuple[str, int]:
+    """The host and port the session's URL names: what a sandbox without a network still reaches."""
+    url = urllib.parse.urlsplit(base_url)
+    if url.hostname is None:
+        raise ValueError(f"the session's base URL {base_url!r} names no host")
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
+
+
 async def harness_episode(args: Any, session: Session, sample: Sample) -> Sample:
-    provider = provider_for(args.sandbox_provider, args.sandbox_root, args.sandbox_bwrap)
+    provider = provider_for(args.sandbox_provider, args.sandbox_root, args.sandbox_bwrap, args.sandbox_pool)
 
     async def model_called() -> bool:
         return await router_sessions().captured_turns(session) > 0

@@ -18,6 +18,19 @@ from slimeish.rollout_functions.harness.tasks import Task
 APP, TESTS, LOGS = "/app", "/tests", "/logs"
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Network:
+    """What a command inside may reach. Without `internet` it has a network of its own holding only
+    loopback; `router` (the router's host and port) is then still reachable, at 127.0.0.1 on the
+    same port, so that an agent talks to its session and to nothing else."""
+
+    internet: bool = False
+    router: tuple[str, int] | None = None
+
+
+NO_NETWORK = Network()
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself failed (it could not be created, its setup failed, it was lost): the
     infrastructure's fault, never the agent's."""
@@ -28,15 +41,29 @@ class ExecResult:
     exit_code: int  # -signal when killed by one
     output: str  # stdout and stderr together, the tail kept
     timed_out: bool
+    out_of_memory: bool = False  # killed at the task's memory limit
+
+
+def describe_exit(result: ExecResult, task: Task) -> str:
+    """How a command ended, for an outcome's reason."""
+    if result.timed_out:
+        return "timed out"
+    if result.out_of_memory:
+        return f"was killed at the task's memory limit ({task.memory_mb} MB)"
+    return f"exited with {result.exit_code}"
 
 
 class Sandbox(ABC):
     """One episode's isolated environment. Its commands run in `/app` in a process group of their
-    own, under the task's resource limits, and are killed as a whole group at their timeout."""
+    own, under the task's resource limits, and are killed as a whole group at their timeout or
+    when together they pass the task's memory."""
 
     @abstractmethod
-    async def exec(self, command: str, *, env: dict[str, str], timeout_s: float) -> ExecResult:
-        """Run the shell command line `command` inside, with `env` added to the sandbox's own."""
+    async def exec(
+        self, command: str, *, env: dict[str, str], timeout_s: float, network: Network = NO_NETWORK
+    ) -> ExecResult:
+        """Run the shell command line `command` inside with the sandbox's own variables and `env`,
+        nothing of the host's environment, and the network `network` allows."""
 
     @abstractmethod
     async def upload(self, src: Path, dest: str) -> None:

@@ -3,7 +3,8 @@
 A task is a directory:
 
     instruction.md      what the agent is told
-    task.toml           [agent] timeout_sec, [verifier] timeout_sec, [environment] build_timeout_sec/cpus/memory_mb
+    task.toml           [agent] timeout_sec/env, [verifier] timeout_sec/env, [environment] build_timeout_sec/
+                        cpus/memory_mb, and network_mode (per [environment], [agent], [verifier])
     environment/        how the workspace is built: `workspace/` (files copied into /app) and an
                         optional `setup.sh` run in /app; a Harbor `Dockerfile` is for container providers
     tests/test.sh       run in /app after the agent; writes /logs/verifier/reward.txt (a number) or reward.json
@@ -29,6 +30,10 @@ AGENT_TIMEOUT_S = 600.0
 VERIFIER_TIMEOUT_S = 600.0
 BUILD_TIMEOUT_S = 600.0
 MEMORY_MB = 2048
+# Harbor's network modes a local sandbox can honour; unlike Harbor (default "public") the network is
+# off unless a task asks for it ("allowlist" needs a filtering proxy: not here)
+NETWORK_MODES = ("public", "no-network")
+DEFAULT_NETWORK_MODE = "no-network"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,7 +46,12 @@ class Task:
     build_timeout_s: float = BUILD_TIMEOUT_S  # building the environment (locally: setup.sh)
     cpus: float | None = None
     memory_mb: int = MEMORY_MB
+    agent_env: dict[str, str] = field(default_factory=dict)
     verifier_env: dict[str, str] = field(default_factory=dict)
+    # whether each phase may reach the internet: building the environment (setup.sh), the agent, the tests
+    setup_internet: bool = False
+    agent_internet: bool = False
+    verifier_internet: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -69,6 +79,21 @@ def _table(config: dict[str, Any], name: str, where: Path) -> dict[str, Any]:
     return value
 
 
+def _env(table: dict[str, Any], where: Path) -> dict[str, str]:
+    return {str(k): str(v) for k, v in _table(table, "env", where).items()}
+
+
+def _internet(table: dict[str, Any], where: Path, default: str) -> bool:
+    """Whether `table`'s `network_mode` (or Harbor's older `allow_internet`) lets it out."""
+    mode = table.get("network_mode")
+    if mode is None and "allow_internet" in table:
+        mode = "public" if table["allow_internet"] else "no-network"
+    mode = default if mode is None else mode
+    if mode not in NETWORK_MODES:
+        raise ValueError(f"{where}: network_mode must be one of {NETWORK_MODES}, got {mode!r}")
+    return bool(mode == "public")
+
+
 @functools.cache
 def load_task(path: str | Path) -> Task:
     """The task at `path`; a ValueError names what is missing or malformed."""
@@ -83,6 +108,8 @@ def load_task(path: str | Path) -> Task:
         raise ValueError(f"{toml_path}: {exc}") from exc
     agent, verifier = _table(config, "agent", toml_path), _table(config, "verifier", toml_path)
     env = _table(config, "environment", toml_path)
+    setup_internet = _internet(env, toml_path, DEFAULT_NETWORK_MODE)
+    baseline = "public" if setup_internet else "no-network"  # [agent] and [verifier] override the environment's
     return Task(
         path=root,
         name=root.name,
@@ -92,7 +119,11 @@ def load_task(path: str | Path) -> Task:
         build_timeout_s=float(env.get("build_timeout_sec", BUILD_TIMEOUT_S)),
         cpus=env.get("cpus"),
         memory_mb=int(env.get("memory_mb", MEMORY_MB)),
-        verifier_env={str(k): str(v) for k, v in _table(verifier, "env", toml_path).items()},
+        agent_env=_env(agent, toml_path),
+        verifier_env=_env(verifier, toml_path),
+        setup_internet=setup_internet,
+        agent_internet=_internet(agent, toml_path, baseline),
+        verifier_internet=_internet(verifier, toml_path, baseline),
         metadata=_table(config, "metadata", toml_path),
     )
 

@@ -78,6 +78,26 @@ def test_an_agent_error_after_a_model_call_is_the_agents_but_before_one_is_infra
     assert lost.kind == OutcomeKind.AGENT_START_FAILED and "exited with 127" in lost.reason
 
 
+HOG = "python3 -c \"import time; b = b'x' * (96 << 20); time.sleep(600)\""  # past a 64 MB limit
+
+
+def test_an_agent_past_the_tasks_memory_is_killed_and_graded_as_its_own_failure(tmp_path, make_task):
+    task = make_task("hog", files={"calc.py": "def add(a, b):\n    return a - b\n"}, test_sh=GRADE_CALC, memory_mb=64)
+    out = episode(tmp_path, task, f"sed -i s/-/+/ calc.py; {HOG}")
+    assert out.kind == OutcomeKind.AGENT_OUT_OF_MEMORY and "memory limit (64 MB)" in out.reason
+    assert not out.kind.infrastructure and out.reward == 1.0  # graded as it stood, like a timeout
+    lost = infra(tmp_path, task, HOG, called=False)  # the program never reached the model: not the policy's
+    assert lost.kind == OutcomeKind.AGENT_START_FAILED and "memory limit" in lost.reason
+
+
+@pytest.mark.parametrize("where", ["setup", "grader"])
+def test_a_sandbox_or_grader_past_the_tasks_memory_is_infrastructure(tmp_path, make_task, where):
+    task = make_task(f"hog-{where}", memory_mb=64, **({"setup_sh": HOG} if where == "setup" else {"test_sh": HOG}))
+    lost = infra(tmp_path, task, "true")
+    kind = OutcomeKind.SANDBOX_FAILED if where == "setup" else OutcomeKind.GRADER_FAILED
+    assert lost.kind == kind and "killed at the task's memory limit (64 MB)" in lost.reason
+
+
 def test_a_broken_sandbox_is_infrastructure(tmp_path, make_task):
     lost = infra(tmp_path, make_task("broken", setup_sh="exit 1"), "true")
     assert lost.kind == OutcomeKind.SANDBOX_FAILED and "setup.sh exited with 1" in lost.reason

@@ -14,7 +14,7 @@ from slimeish.common.procs import ManagedProcess
 from slimeish.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN_OUTCOMES = ("completed", "agent_timeout", "agent_error")
+OWN_OUTCOMES = ("completed", "agent_timeout", "agent_out_of_memory", "agent_error")
 
 
 @pytest.mark.slow

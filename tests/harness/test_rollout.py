@@ -21,6 +21,7 @@ def test_the_spec_gives_the_program_its_session_and_a_scaled_capped_timeout():
     assert spec.timeout_s == 150.0 and spec.agent_command == "my-agent"
     assert spec.env["OPENAI_BASE_URL"] == SESSION.base_url and spec.env["OPENAI_API_KEY"] == "sk-1"
     assert spec.env["SLIMEISH_INSTRUCTION"] == spec.task.instruction
+    assert spec.router == ("r", 80)  # what the sandbox lets the agent reach with its network off
     capped = episode_spec(SimpleNamespace(**vars(args), rollout_timeout=100.0), Sample(label=task_dir), SESSION)
     assert capped.timeout_s == 100.0
     with pytest.raises(ValueError, match="label must be its task directory"):
@@ -29,7 +30,11 @@ def test_the_spec_gives_the_program_its_session_and_a_scaled_capped_timeout():
 
 @pytest.mark.parametrize(
     "cfg, error",
-    [(HarnessConfig(), "needs --agent-command"), (HarnessConfig(agent_command="a", agent_timeout_multiplier=0), "> 0")],
+    [
+        (HarnessConfig(), "needs --agent-command"),
+        (HarnessConfig(agent_command="a", agent_timeout_multiplier=0), "> 0"),
+        (HarnessConfig(agent_command="a", sandbox_pool=-1), "--sandbox-pool must be >= 0"),
+    ],
 )
 def test_bad_flags_are_refused_at_start_up(cfg, error):
     with pytest.raises(ValueError, match=error):
@@ -45,6 +50,7 @@ def test_outcomes_are_counted_per_kind_with_every_lost_attempt():
     assert counts == {
         "harness_completed": 2.0,
         "harness_agent_timeout": 1.0,
+        "harness_agent_out_of_memory": 0.0,
         "harness_agent_error": 0.0,
         "harness_sandbox_failed": 1.0,
         "harness_agent_start_failed": 0.0,

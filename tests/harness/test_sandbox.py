@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import os
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from slimeish.rollout_functions.harness.local import LocalProvider, LocalSandbox
+from slimeish.rollout_functions.harness.sandbox import Network, describe_exit
 from slimeish.rollout_functions.harness.tasks import load_task
 
 needs_bwrap = pytest.mark.skipif(
@@ -93,3 +96,104 @@ def test_a_failing_setup_script_is_a_sandbox_error_and_leaves_nothing(make_task,
     with pytest.raises(SandboxError, match=r"setup\.sh exited with 7: cannot build"):
         asyncio.run(provider.create(task))
     assert list((tmp_path / "sandboxes").iterdir()) == []
+
+
+def test_a_command_sees_none_of_the_hosts_environment(make_task, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLIMEISH_HOST_SECRET", "host-only")
+    bwraps = ["on", "off"] if shutil.which("bwrap") else ["off"]
+
+    async def scenario(bwrap: str):
+        box = await sandbox(make_task, tmp_path, bwrap, name=f"env-{bwrap}")
+        result = await box.exec("env", env={"GIVEN": "yes"}, timeout_s=30)
+        await box.destroy()
+        return dict(line.split("=", 1) for line in result.output.splitlines() if "=" in line)
+
+    for bwrap in bwraps:
+        seen = asyncio.run(scenario(bwrap))
+        assert "SLIMEISH_HOST_SECRET" not in seen and seen["GIVEN"] == "yes"
+        assert seen["PATH"] == os.environ["PATH"] and {"HOME", "TMPDIR", "APP_DIR"} <= set(seen)
+        assert seen["HOME"] != os.environ.get("HOME")
+
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"hello from {self.server.server_address[1]}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_servers():
+    """Two real HTTP servers on the host's loopback: one plays the router, the other anything else."""
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield [server.server_address[1] for server in servers]
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+FETCH = (  # prints each URL's body, or the error connecting to it
+    "import sys, urllib.request\n"
+    "for url in sys.argv[1:]:\n"
+    "    try: print(urllib.request.urlopen(url, timeout=10).read().decode())\n"
+    "    except OSError as exc: print('failed', url, exc)\n"
+)
+
+
+@needs_bwrap
+def test_without_a_network_a_command_reaches_the_router_and_nothing_else(make_task, tmp_path, http_servers):
+    router, other = http_servers
+    urls = f"http://127.0.0.1:{router}/v1 http://127.0.0.1:{other}/ http://10.255.255.1:80/"
+    (tmp_path / "fetch.py").write_text(FETCH)
+
+    async def scenario(network: Network):
+        box = await sandbox(make_task, tmp_path, "on", name=f"net-{network.internet}")
+        shutil.copy(tmp_path / "fetch.py", box.dir / "app")
+        result = await box.exec("python3 fetch.py " + urls, env={}, timeout_s=60, network=network)
+        await box.destroy()
+        return result.output
+
+    off = asyncio.run(scenario(Network(router=("127.0.0.1", router))))
+    assert f"hello from {router}" in off  # the router, through the bridge
+    assert f"failed http://127.0.0.1:{other}/" in off and f"hello from {other}" not in off
+    assert "failed http://10.255.255.1:80/" in off and "unreachable" in off
+    on = asyncio.run(scenario(Network(internet=True)))
+    assert f"hello from {router}" in on and f"hello from {other}" in on  # the host's network
+
+
+@pytest.mark.parametrize("bwrap", [pytest.param("on", marks=needs_bwrap), "off"])
+def test_a_command_past_the_tasks_memory_is_killed_and_said_to_be(make_task, tmp_path, bwrap):
+    # 96 MB held (touched, so resident) against a 64 MB limit; under the 2x data-segment backstop
+    hog = "python3 -c \"import time; b = b'x' * (96 << 20); print('allocated', flush=True); time.sleep(600)\""
+
+    async def scenario():
+        box = await sandbox(make_task, tmp_path, bwrap, name=f"hog-{bwrap}", memory_mb=64)
+        small = await box.exec("python3 -c \"b = b'x' * (8 << 20); print('fits')\"", env={}, timeout_s=60)
+        big = await box.exec(hog, env={}, timeout_s=300)
+        await box.destroy()
+        return small, big
+
+    small, big = asyncio.run(scenario())
+    assert (small.exit_code, small.out_of_memory, small.output.strip()) == (0, False, "fits")
+    assert big.out_of_memory and not big.timed_out and big.exit_code != 0  # killed allocating, or holding it
+    assert describe_exit(big, load_task(tmp_path / "tasks" / f"hog-{bwrap}")) == (
+        "was killed at the task's memory limit (64 MB)"
+    )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to pin to fewer")
+def test_a_tasks_cpus_pin_its_commands_to_that_many_cores(make_task, tmp_path):
+    async def scenario():
+        box = await sandbox(make_task, tmp_path, "auto", name="cpus", cpus=1)
+        result = await box.exec("nproc", env={}, timeout_s=30)
+        await box.destroy()
+        return result
+
+    assert asyncio.run(scenario()).output.strip() == "1"

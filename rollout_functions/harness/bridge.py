@@ -1,0 +1,121 @@
+"""The router inside a sandbox without a network: a Unix socket, and a forwarder at each end.
+
+A sandbox whose network is off has a network namespace of its own holding only loopback, so the
+router on the host's 127.0.0.1 is out of its reach. `RouterBridge` (the host's end) listens on a
+Unix socket in a directory that the sandbox mounts, and connects each connection to the router.
+Inside, this file runs as a script in front of the command (`python -I -S bridge.py PORT SOCKET --
+COMMAND...`): it listens on 127.0.0.1:PORT, the router's own port, connects each connection to the
+socket, and then runs the command and ends as it ends. The session's URL works unchanged, and the
+router is all it reaches: nothing else on the host, nothing outside.
+
+Standard library only: inside it runs with the sandbox's Python and none of slimeish's packages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+SOCKET_NAME = "router.sock"
+INSIDE_DIR = "/slimeish-net"  # where the sandbox mounts the bridge's directory
+CHUNK = 64 * 1024
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()  # a half-close, so the other side sees the request end
+    except OSError:  # either end went away: the connection is over
+        writer.close()
+
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _splice(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: Callable[[], Awaitable[Streams]]
+) -> None:
+    """Connect one accepted connection to `upstream()` (an open_connection coroutine) both ways."""
+    try:
+        up_reader, up_writer = await upstream()
+    except OSError:
+        writer.close()
+        return
+    try:
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+    finally:
+        up_writer.close()
+        writer.close()
+
+
+class RouterBridge:
+    """The host's end for one command: a Unix socket in its own short directory (socket paths have
+    a length limit) whose connections go to the router at `target`."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target = target
+        self.dir = Path(tempfile.mkdtemp(prefix="slimeish-net-"))
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> RouterBridge:
+        self._server = await asyncio.start_unix_server(self._accept, path=str(self.dir / SOCKET_NAME))
+        os.chmod(self.dir, 0o755)
+        return self
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await _splice(reader, writer, lambda: asyncio.open_connection(*self.target))
+        finally:
+            self._connections.discard(task)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._connections):  # the command is over: whatever it left open goes too
+            task.cancel()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @staticmethod
+    def inside_argv(port: int) -> list[str]:
+        """What to run inside, before the command's own argv: this script as the sandbox's end."""
+        socket_path = f"{INSIDE_DIR}/{SOCKET_NAME}"
+        return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), str(port), socket_path, "--"]
+
+
+async def _inside(port: int, socket_path: str, argv: list[str]) -> int:
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _splice(reader, writer, lambda: asyncio.open_unix_connection(socket_path))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", port)  # listening before the command starts
+    async with server:
+        proc = await asyncio.create_subprocess_exec(*argv)
+        return await proc.wait()
+
+
+def main() -> None:
+    port, socket_path, dashes, *argv = sys.argv[1:]
+    assert dashes == "--", sys.argv
+    code = asyncio.run(_inside(int(port), socket_path, argv))
+    if code < 0:  # killed by a signal: end by the same one, so the host sees what the command saw
+        signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
+            os.kill(os.getpid(), -code)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    main()
