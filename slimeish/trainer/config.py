@@ -12,6 +12,8 @@ from typing import Literal
 
 from slimeish.common.config import help_field
 
+# The name a LoRA run's adapter is served under on the engines (requests give it as `lora_path`).
+LORA_ADAPTER_NAME = "policy"
 # Megatron's linear layers a LoRA adapter can wrap (slimeish.trainer.lora says how each is split).
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 # The Hugging Face modules each stands for (PEFT's target_modules).

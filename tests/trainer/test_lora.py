@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slimeish.trainer.config import TrainerConfig
+from slimeish.trainer.config import LORA_ADAPTER_NAME, TrainerConfig
 from slimeish.trainer.hf_io import megatron_params
 from slimeish.trainer.trainer import Trainer
-from tests.trainer.trainer_helpers import random_samples
+from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
+from tests.trainer.trainer_helpers import engine_samples, random_samples
+
+PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 51, 52]]
 
 
 def hf_log_probs(model: torch.nn.Module, samples) -> list[torch.Tensor]:
@@ -109,3 +113,54 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly(tiny_model, tmp_path)
 def test_bad_lora_options_are_rejected(tiny_model, kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainerConfig(model_path=tiny_model, **kwargs)
+
+
+def _max_gap(trainer: Trainer, samples) -> float:
+    ours = trainer.compute_log_probs(samples)
+    return max(
+        (torch.tensor(a, dtype=torch.float64) - torch.tensor(s.rollout_log_probs, dtype=torch.float64))
+        .abs()
+        .max()
+        .item()
+        for a, s in zip(ours, samples, strict=True)
+    )
+
+
+def test_sync_pushes_only_the_adapter_and_the_engine_serves_it_unmerged(tiny_model, engine_factory, tmp_path):
+    url = engine_factory(tiny_model)
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=5e-2, lora_rank=4, lora_alpha=8))
+    for seed in range(2):
+        trainer.train_step(random_samples(2, 4, seed=seed))
+    with WeightSync(WeightSyncConfig(engine_urls=[url], method="disk", disk_dir=tmp_path)) as sync:
+        timings = sync.sync(trainer)
+        assert {"pause", "update", "continue"} <= set(timings)
+        assert [p.name for p in tmp_path.iterdir()] == ["lora-v2"]  # a PEFT directory, no base weights
+        assert {p.name for p in (tmp_path / "lora-v2").iterdir()} == {
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        }
+    lora, versions = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=12, lora_path=LORA_ADAPTER_NAME)
+    assert versions == {"2"}
+    base, _ = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=12)  # no lora_path: the base model
+    assert _max_gap(trainer, lora) <= 1e-5
+    assert _max_gap(trainer, base) > 1e-3  # the adapter does change the policy; the engine's base is untouched
+    info = httpx.get(f"{url}/model_info").json()
+    assert info["weight_version"] == "2"
+
+
+def test_engine_adapter_endpoints(tiny_model, engine_factory, lora_trainer, tmp_path):
+    url = engine_factory(tiny_model)
+    adapter = lora_trainer.export_peft(tmp_path / "a")
+    with httpx.Client(timeout=60) as client:
+        bad = client.post(f"{url}/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path)})
+        assert bad.status_code == 400 and bad.json()["success"] is False
+        assert "PEFT adapter directory" in bad.json()["error_message"]
+        ok = client.post(f"{url}/load_lora_adapter", json={"lora_name": "a", "lora_path": str(adapter)}).json()
+        assert ok["success"] and ok["loaded_adapters"]["a"] == str(adapter)
+        body = {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 2}, "lora_path": "nope"}
+        unknown = client.post(f"{url}/generate", json=body)
+        assert unknown.status_code == 400 and "nope" in unknown.json()["error"]["message"]
+        assert client.post(f"{url}/generate", json=body | {"lora_path": "a"}).status_code == 200
+        assert client.post(f"{url}/unload_lora_adapter", json={"lora_name": "a"}).json()["loaded_adapters"] == {}
+        gone = client.post(f"{url}/unload_lora_adapter", json={"lora_name": "a"})
+        assert gone.status_code == 400 and gone.json()["success"] is False
