@@ -9,11 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from slimeish.common.procs import ManagedProcess, free_port, wait_http
+from slimeish.train.loop import router_flags
 from slimeish.trainer.config import LORA_ADAPTER_NAME, TrainerConfig
 from slimeish.trainer.hf_io import megatron_params
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
-from tests.trainer.trainer_helpers import engine_samples, random_samples
+from tests.trainer.trainer_helpers import engine_samples, random_samples, router_samples
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 51, 52]]
 
@@ -126,8 +128,13 @@ def _max_gap(trainer: Trainer, samples) -> float:
     )
 
 
-def test_sync_pushes_only_the_adapter_and_the_engine_serves_it_unmerged(tiny_model, engine_factory, tmp_path):
-    url = engine_factory(tiny_model)
+@pytest.fixture(scope="module")
+def engine(engine_factory, tiny_model):
+    return engine_factory(tiny_model)
+
+
+def test_sync_pushes_only_the_adapter_and_the_engine_serves_it_unmerged(tiny_model, engine, tmp_path):
+    url = engine
     trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=5e-2, lora_rank=4, lora_alpha=8))
     for seed in range(2):
         trainer.train_step(random_samples(2, 4, seed=seed))
@@ -148,8 +155,8 @@ def test_sync_pushes_only_the_adapter_and_the_engine_serves_it_unmerged(tiny_mod
     assert info["weight_version"] == "2"
 
 
-def test_engine_adapter_endpoints(tiny_model, engine_factory, lora_trainer, tmp_path):
-    url = engine_factory(tiny_model)
+def test_engine_adapter_endpoints(engine, lora_trainer, tmp_path):
+    url = engine
     adapter = lora_trainer.export_peft(tmp_path / "a")
     with httpx.Client(timeout=60) as client:
         bad = client.post(f"{url}/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path)})
@@ -161,6 +168,29 @@ def test_engine_adapter_endpoints(tiny_model, engine_factory, lora_trainer, tmp_
         unknown = client.post(f"{url}/generate", json=body)
         assert unknown.status_code == 400 and "nope" in unknown.json()["error"]["message"]
         assert client.post(f"{url}/generate", json=body | {"lora_path": "a"}).status_code == 200
-        assert client.post(f"{url}/unload_lora_adapter", json={"lora_name": "a"}).json()["loaded_adapters"] == {}
+        unloaded = client.post(f"{url}/unload_lora_adapter", json={"lora_name": "a"}).json()
+        assert unloaded["success"] and "a" not in unloaded["loaded_adapters"]
         gone = client.post(f"{url}/unload_lora_adapter", json={"lora_name": "a"})
         assert gone.status_code == 400 and gone.json()["success"] is False
+
+
+def test_a_lora_run_through_the_router_samples_with_its_adapter(tiny_model, engine, tmp_path):
+    """`slimeish train --lora-rank` starts its routers with --lora-path: every turn samples with the
+    trained adapter, and the adapter sync goes through the router's admin fan-out."""
+    trainer_cfg = TrainerConfig(model_path=tiny_model, lr=5e-2, lora_rank=4, lora_alpha=8, seed=3)
+    flags = router_flags(trainer_cfg)
+    assert flags == [f"--lora-path={LORA_ADAPTER_NAME}"]
+    port, token = free_port(), "admin-secret"
+    argv = ["router", "--model", str(tiny_model), "--engine", engine, "--port", str(port), "--admin-token", token]
+    with ManagedProcess.slimeish(*argv, *flags, log_path=tmp_path / "router.log") as router:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", timeout=60, proc=router.proc)
+        trainer = Trainer(trainer_cfg)
+        trainer.train_step(random_samples(2, 4, seed=7))
+        trainer.train_step(random_samples(2, 4, seed=8))
+        trainer.state.weight_version = 50  # distinct from the other tests' versions on this engine
+        with WeightSync(WeightSyncConfig(router_url=url, admin_token=token)) as sync:
+            sync.sync(trainer)
+            assert sync.serves(50)
+        samples = router_samples(url, token, PROMPTS, group_size=2, max_new_tokens=8)
+        assert _max_gap(trainer, samples) <= 1e-5
