@@ -29,10 +29,6 @@ class LoraAdapter:
     scale: float
     modules: dict[str, tuple[Tensor, Tensor]]  # HF module name -> (A [r, in], B [out, r])
 
-    @property
-    def num_bytes(self) -> int:
-        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.modules.values())
-
 
 def read_peft_adapter(name: str, path: str, model: nn.Module) -> LoraAdapter:
     """Read and check a PEFT LoRA directory against `model`; ValueError says what does not fit."""

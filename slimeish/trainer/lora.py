@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from slimeish.trainer.config import LORA_HF_MODULES, LoraSpec
-from slimeish.trainer.convert import gather_shards, qkv_from_megatron, shard_for_rank
+from slimeish.trainer.convert import gather_shards, qkv_from_megatron
 from slimeish.trainer.model import ModelShape
 
 # Whether each target splits its output (column) or its input (row) over tensor-parallel ranks.
@@ -64,7 +64,9 @@ class LoraAdapter(nn.Module):
 
 def _add_lora_output(module: nn.Module, args: tuple, output: tuple[Tensor, Tensor | None]):
     out, bias = output
-    return out + module.lora(args[0]), bias
+    adapter = module.lora
+    assert isinstance(adapter, LoraAdapter)
+    return out + adapter(args[0]), bias
 
 
 def attach_lora(model: nn.Module, spec: LoraSpec, seed: int) -> None:
@@ -74,7 +76,8 @@ def attach_lora(model: nn.Module, spec: LoraSpec, seed: int) -> None:
     model.requires_grad_(False)
     rank, world = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
     for i, (name, linear) in enumerate(list(_targeted(model, spec.targets))):
-        weight: Tensor = linear.weight
+        weight = linear.weight
+        assert isinstance(weight, Tensor)
         parallel = TARGETS[name.rsplit(".", 1)[-1]]
         in_full = weight.shape[1] * (world if parallel == "row" else 1)
         gen = torch.Generator().manual_seed(seed * 100_003 + i)
@@ -133,22 +136,6 @@ def full_adapter_weights(model: nn.Module) -> dict[str, tuple[Tensor, Tensor]]:
             a, b = (a, full) if ad.parallel == "column" else (full, b)
         out[name] = (a.to("cpu", copy=True), b.to("cpu", copy=True))
     return out
-
-
-def load_full_adapter_weights(model: nn.Module, full: dict[str, tuple[Tensor, Tensor]]) -> None:
-    """Inverse of `full_adapter_weights`: copy this rank's shard of each A and B into the model."""
-    from megatron.core import parallel_state
-
-    rank, world = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
-    with torch.no_grad():
-        for name, ad in adapters(model):
-            a, b = full[name]
-            if ad.parallel == "column":
-                b = shard_for_rank(name + ".weight", b, rank, world)
-            else:
-                a = shard_for_rank(name + ".weight", a, rank, world)
-            ad.A.copy_(a)
-            ad.B.copy_(b)
 
 
 def peft_state_dict(full: dict[str, tuple[Tensor, Tensor]], shape: ModelShape) -> dict[str, Tensor]:
