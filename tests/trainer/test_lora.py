@@ -194,3 +194,21 @@ def test_a_lora_run_through_the_router_samples_with_its_adapter(tiny_model, engi
             assert sync.serves(50)
         samples = router_samples(url, token, PROMPTS, group_size=2, max_new_tokens=8)
         assert _max_gap(trainer, samples) <= 1e-5
+
+
+def test_one_batch_mixes_the_base_model_and_an_adapter(engine, lora_trainer, tmp_path):
+    """Per-row adapters: a batch whose prompts name an adapter and none decodes each row as alone."""
+    adapter = lora_trainer.export_peft(tmp_path / "b")
+    with httpx.Client(timeout=60) as client:
+        client.post(f"{engine}/load_lora_adapter", json={"lora_name": "b", "lora_path": str(adapter)})
+        params = {"max_new_tokens": 6, "temperature": 0}
+        batch = {"input_ids": PROMPTS, "sampling_params": params, "return_logprob": True, "lora_path": ["b", None]}
+        together = client.post(f"{engine}/generate", json=batch).raise_for_status().json()
+        for prompt, lora, row in zip(PROMPTS, ["b", None], together, strict=True):
+            alone = {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "lora_path": lora}
+            single = client.post(f"{engine}/generate", json=alone).raise_for_status().json()
+            assert row["output_ids"] == single["output_ids"]
+            got = [lp for lp, _, _ in row["meta_info"]["output_token_logprobs"]]
+            want = [lp for lp, _, _ in single["meta_info"]["output_token_logprobs"]]
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+        client.post(f"{engine}/unload_lora_adapter", json={"lora_name": "b"}).raise_for_status()
