@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from slimeish.buffer import SessionInfo
 from slimeish.common.sample import Status
 from slimeish.router.capture import NEXT_TURN_PROMPT
-from slimeish.router.engine_pool import refused_by_all
+from slimeish.router.engine_pool import UPDATE_PATHS, refused_by_all
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import bearer_token, parse, read_json, request_key
@@ -228,7 +228,7 @@ async def remove_engine(state: AdminState, req: EngineBody) -> JSONObject:
 
 
 class RecordUpdate(BaseModel):
-    path: Literal["/update_weights_from_disk", "/update_weights_from_tensor"]
+    path: Literal["/update_weights_from_disk", "/update_weights_from_tensor", "/load_lora_adapter"]
     body: JSONObject
 
 
@@ -251,6 +251,8 @@ _FAN_OUT = (
     "flush_cache",
     "update_weights_from_disk",
     "update_weights_from_tensor",
+    "load_lora_adapter",
+    "unload_lora_adapter",
 )
 
 
@@ -258,7 +260,7 @@ def _fan_out_route(name: str) -> None:
     async def handler(request: Request, state: AdminState) -> JSONObject:
         body = await read_json(request) if await request.body() else {}
         results = await state.pool.fan_out("/" + name, body)
-        if name.startswith("update_weights"):
+        if "/" + name in UPDATE_PATHS:
             for r in results:  # as each engine reported it after the update (None: not reached)
                 r["weight_version"] = state.pool.engines[r["url"]].weight_version if r["ok"] else None
         return {"ok": not refused_by_all(results), "engines": results}

@@ -29,6 +29,11 @@ class RouterConfig:
         help="MoE: ask the engines for each token's experts (SGLang's return_routed_experts; an SGLang server needs "
         "--enable-return-routed-experts) and store them with the turns, for the trainer's routing replay",
     )
+    lora_path: str | None = help_field(
+        None,
+        help="LoRA runs: every generation asks the engines for this loaded LoRA adapter (SGLang's lora_path; "
+        "`slimeish train` sets it to --lora-name when --lora-rank > 0) (default: None: the base weights)",
+    )
     buffer_url: str | None = help_field(None, help="redis:// URL of the data buffer; without it turns stay in memory")
     run_id: str = help_field("default", help="run id under which the buffer stores this run")
     router_id: str = help_field(

@@ -124,11 +124,15 @@ class GenerationAborted(RuntimeError):
     the turn has no answer, streamed or not (an HTTP 503 for the client)."""
 
 
+# The engine calls that change the weights a version serves (a LoRA run's: its adapter's).
+UPDATE_PATHS = ("/update_weights_from_disk", "/update_weights_from_tensor", "/load_lora_adapter")
+
+
 @dataclass(frozen=True)
 class WeightUpdate:
     """The last update the engines took: replayed to an engine that comes back behind it."""
 
-    path: str  # /update_weights_from_tensor or /update_weights_from_disk
+    path: str  # one of UPDATE_PATHS
     body: JSONObject
     version: int
 
@@ -391,7 +395,7 @@ class EnginePool:
         """POST `body` to `path` on every healthy engine; one result per engine. An engine that is
         down, or fails the call, is skipped (`"skipped": why`) and ejected: a weight update must not
         wait for a dead engine, and the health check catches it up before it serves again."""
-        is_update = path.startswith("/update_weights")
+        is_update = path in UPDATE_PATHS
         async with self._updating if is_update else contextlib.nullcontext():
             engines = list(self.engines.values())
             up = [e for e in engines if e.healthy]

@@ -78,7 +78,9 @@ def _build_state(config: RouterConfig, store: TurnStore, client: aiohttp.ClientS
         sessions=SessionRegistry(renderer, config.keep_finished, next_turn_prompt(config, renderer)),
         pool=pool,
         store=store,
-        runner=TurnRunner(pool, store, metrics, routed_experts=config.return_routed_experts),
+        runner=TurnRunner(
+            pool, store, metrics, routed_experts=config.return_routed_experts, lora_path=config.lora_path
+        ),
         metrics=metrics,
         model_name=config.served_model_name or config.model.name,
         context_length=config.context_length or renderer.context_length,

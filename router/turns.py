@@ -88,12 +88,21 @@ def parse_generation(item: dict[str, Any], engine: str) -> Generation:
 
 
 class TurnRunner:
-    def __init__(self, pool: EnginePool, store: TurnStore, metrics: RouterMetrics, *, routed_experts: bool = False):
+    def __init__(
+        self,
+        pool: EnginePool,
+        store: TurnStore,
+        metrics: RouterMetrics,
+        *,
+        routed_experts: bool = False,
+        lora_path: str | None = None,
+    ):
         self.pool, self.store, self.metrics = pool, store, metrics
-        # every engine request asks for the experts of each token (MoE routing replay)
-        self.asked = (
-            {"return_logprob": True, "return_routed_experts": True} if routed_experts else {"return_logprob": True}
-        )
+        self.asked: JSONObject = {"return_logprob": True}
+        if routed_experts:  # every engine request asks for the experts of each token (MoE routing replay)
+            self.asked["return_routed_experts"] = True
+        if lora_path is not None:  # a LoRA run samples with the trainer's adapter, never the bare base
+            self.asked["lora_path"] = lora_path
 
     async def generate(
         self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject

@@ -16,6 +16,7 @@ import json
 import logging
 import secrets
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ class Part:
 class RayStack:
     def __init__(
         self, cfg: StackConfig, cluster: ClusterConfig, *, model_path: Path, run_dir: Path, run_id: str,
-        weight_sync: str, routed_experts: bool = False,
+        weight_sync: str, router_flags: Sequence[str] = (),
     ):  # fmt: skip
         if cfg.viewer_port is not None:
             raise ValueError(
@@ -58,7 +59,7 @@ class RayStack:
         self.run_dir = Path(run_dir).resolve()  # actors on other nodes resolve paths from their own cwd
         self.model_path = Path(model_path).resolve()
         self.run_id, self.weight_sync = run_id, weight_sync
-        self.routed_experts = routed_experts  # routers record each token's experts (routing replay)
+        self.router_flags = list(router_flags)  # what the trainer needs every router to ask (`router_flags`)
         self.admin_token = cfg.admin_token or secrets.token_urlsafe(24)
         self.buffer_url = ""
         self.engine_urls: list[str] = []
@@ -114,7 +115,7 @@ class RayStack:
         argvs = [
             ["slimeish", *router_argv(
                 self.model_path, "{port}", buffer_url=self.buffer_url, run_id=self.run_id, admin_token=self.admin_token,
-                engine_urls=self.engine_urls, router_id=f"router{i}", host="{host}", routed_experts=self.routed_experts,
+                engine_urls=self.engine_urls, router_id=f"router{i}", host="{host}", extra=self.router_flags,
             )]
             for i in range(self.cfg.num_routers)
         ]  # fmt: skip

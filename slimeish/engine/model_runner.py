@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from slimeish.engine.lora import LoraServing
 from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
 
 _SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -89,6 +90,7 @@ class ModelRunner:
         self.cache: PagedKV | None = None
         self.routes: RouteRecorder | None = None  # MoE models: the experts each KV slot's token took
         self.page_size = self._pad_page = 0  # set by allocate_kv
+        self.lora = LoraServing(self.model)
 
     def allocate_kv(self, num_pages: int, page_size: int) -> None:
         """The KV pool: `num_pages` pages of `page_size` token slots per layer."""
@@ -114,20 +116,24 @@ class ModelRunner:
         self.cache.clear((torch.tensor(pages, device=self.device)[:, None] * self.page_size + self._offsets).flatten())
 
     @torch.inference_mode()
-    def decode_step(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
-        """One token per sequence: `tokens[i]` at `positions[i]`, its KV in `pages[i]`.
-        Returns the next-token logits (float32), `[n, vocab]`."""
-        return self._head(self._layers([[t] for t in tokens], positions, pages)[:, 0])
+    def decode_step(
+        self, tokens: list[int], positions: list[int], pages: list[list[int]], adapters: list[str | None]
+    ) -> torch.Tensor:
+        """One token per sequence: `tokens[i]` at `positions[i]`, its KV in `pages[i]`, LoRA adapter
+        `adapters[i]` (None: the base model). Returns the next-token logits (float32), `[n, vocab]`."""
+        with self.lora.rows(adapters):
+            return self._head(self._layers([[t] for t in tokens], positions, pages)[:, 0])
 
     @torch.inference_mode()
     def prefill(
-        self, prompt: list[int], start: int, end: int, pages: list[int], logprobs_from: int
+        self, prompt: list[int], start: int, end: int, pages: list[int], logprobs_from: int, adapter: str | None = None
     ) -> tuple[torch.Tensor, list[float]]:
         """The chunk `prompt[start:end]`, the KV of positions before `start` already in `pages`.
         Returns the logits after the chunk's last token (float32, `[vocab]`) and the prompt's own
         token log-probs that the chunk's hidden states give: log p(prompt[p] | prompt[:p]) for
         `p` in `[start + 1, end]`, `p >= max(logprobs_from, 1)`, `p < len(prompt)`."""
-        hidden = self._layers([prompt[start:end]], [start], [pages])[0]
+        with self.lora.rows([adapter]):
+            hidden = self._layers([prompt[start:end]], [start], [pages])[0]
         first = max(logprobs_from, 1, start + 1)
         targets = prompt[first : end + 1]
         return self._head(hidden[-1]), self._token_logprobs(hidden[first - 1 - start :], targets)

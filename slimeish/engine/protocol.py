@@ -8,6 +8,7 @@ error raises `RequestError`, which the HTTP layer answers with a 400 and the mes
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ _NOOP_DEFAULTS: dict[str, Any] = {
     "spaces_between_special_tokens": True,
 }
 # Top-level request fields that would change the output but are not implemented here.
-_UNSUPPORTED_FIELDS = ("image_data", "video_data", "audio_data", "lora_path", "input_embeds", "custom_logit_processor")
+_UNSUPPORTED_FIELDS = ("image_data", "video_data", "audio_data", "input_embeds", "custom_logit_processor")
 
 
 class RequestError(ValueError):
@@ -76,6 +77,7 @@ class SequenceRequest:
     # (SGLang's default, -1, with return_logprob) means none
     logprob_start: int | None = None
     return_routed_experts: bool = False  # MoE: meta_info.routed_experts, as SGLang's flag of that name
+    lora_path: str | None = None  # the loaded LoRA adapter it generates with (SGLang's name); None: the base
 
     @property
     def prompt_logprob_start(self) -> int:
@@ -129,6 +131,7 @@ class Limits:
     context_length: int
     max_sequences: int = 256  # per request: prompts x n
     moe: bool = False  # the model routes tokens to experts (return_routed_experts is answerable)
+    adapters: Collection[str] = ()  # the LoRA adapters loaded now, a live view (`lora_path` names one)
 
 
 def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRequest], bool, bool]:
@@ -156,6 +159,11 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
     _check_type("return_logprob", logprob, bool)
     _check_type("rid", rids, str)
     _check_type("logprob_start_len", starts, int)
+    loras = _per_prompt(body.get("lora_path"), len(prompts), is_batch, "lora_path")
+    _check_type("lora_path", loras, str)
+    if unknown := sorted(set(loras) - {None} - set(limits.adapters)):
+        raise RequestError(f"lora_path {unknown} names no loaded LoRA adapter (POST /load_lora_adapter first); "
+                           f"loaded: {sorted(limits.adapters)}")  # fmt: skip
     parsed = [parse_sampling_params(raw) for raw in params]
     if (total := sum(p.n for p in parsed)) > limits.max_sequences:
         raise RequestError(
@@ -182,6 +190,7 @@ def parse_generate(body: Any, tokenize, limits: Limits) -> tuple[list[SequenceRe
                     return_routed_experts=bool(routed[i]),
                     max_new_tokens=limits.context_length - len(ids) if p.max_new_tokens is None else p.max_new_tokens,
                     logprob_start=start,
+                    lora_path=loras[i],
                 )
             )
     return seqs, is_batch or len(seqs) > 1, stream

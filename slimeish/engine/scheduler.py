@@ -158,7 +158,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.cfg.max_rows:
             seq = self.waiting[0]
             prompt = seq.req.input_ids
-            cached = self.pool.match(prompt, self._cacheable(seq)) if self.cfg.prefix_cache else []
+            cached = self.pool.match(prompt, self._cacheable(seq)) if self._shares_cache(seq) else []
             # KV is written for the prompt and every output token but the last (never fed back)
             need = self.pool.pages_for(len(prompt) + max(seq.req.max_new_tokens - 1, 0)) - len(cached)
             if need > self.pool.available - self.reserved:
@@ -169,6 +169,15 @@ class Scheduler:
             seq.kv_len = seq.cached_tokens = len(cached) * self.cfg.page_size
             self.reserved += need
             self.running.append(seq)
+
+    def _shares_cache(self, seq: Sequence) -> bool:
+        """The prefix cache holds the base model's KV: a LoRA sequence's KV differs, so it neither
+        reads nor writes the cache."""
+        return self.cfg.prefix_cache and seq.req.lora_path is None
+
+    def uses_adapter(self, name: str) -> int:
+        """How many waiting or running sequences generate with LoRA adapter `name`."""
+        return sum(s.req.lora_path == name for s in (*self.waiting, *self.running))
 
     def _cacheable(self, seq: Sequence) -> int:
         """How many prompt tokens may come from the cache: at least the last one is computed (its
@@ -184,7 +193,8 @@ class Scheduler:
                 start = seq.kv_len
                 end = min(len(prompt), start + self.cfg.chunk_size, start + budget)
                 self._take_pages(seq, end)
-                logits, logprobs = self.runner.prefill(prompt, start, end, seq.pages, seq.req.prompt_logprob_start)
+                logprob_start, adapter = seq.req.prompt_logprob_start, seq.req.lora_path
+                logits, logprobs = self.runner.prefill(prompt, start, end, seq.pages, logprob_start, adapter)
                 seq.input_logprobs += logprobs
                 seq.kv_len, budget = end, budget - (end - start)
                 if not seq.prefilling:
@@ -201,7 +211,8 @@ class Scheduler:
         for seq in batch:
             self._take_pages(seq, seq.kv_len + 1)
         positions = [s.kv_len for s in batch]
-        logits = self.runner.decode_step([s.output_ids[-1] for s in batch], positions, [s.pages for s in batch])
+        tokens, pages = [s.output_ids[-1] for s in batch], [s.pages for s in batch]
+        logits = self.runner.decode_step(tokens, positions, pages, [s.req.lora_path for s in batch])
         for seq in batch:
             seq.kv_len += 1
         self._append(batch, logits)
@@ -266,7 +277,7 @@ class Scheduler:
     def _cache(self, seq: Sequence) -> None:
         """Put the full pages of `seq`'s KV into the prefix cache. They are never written again:
         a sequence only writes positions past its KV, in its last (partial, uncached) page or new ones."""
-        if self.cfg.prefix_cache and seq.epoch == self.epoch:
+        if self._shares_cache(seq) and seq.epoch == self.epoch:
             self.pool.insert((seq.req.input_ids + seq.output_ids)[: seq.kv_len], seq.pages)
 
     def _retire(self) -> None:

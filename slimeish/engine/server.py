@@ -75,7 +75,10 @@ class Engine:
         )  # fmt: skip
         self.scheduler = Scheduler(self.runner, sched_cfg, weight_version=cfg.weight_version)
         moe = self.runner.routes is not None
-        self.limits = Limits(self.runner.vocab_size, self.runner.context_length, cfg.max_request_sequences, moe=moe)
+        self.limits = Limits(
+            self.runner.vocab_size, self.runner.context_length, cfg.max_request_sequences, moe=moe,
+            adapters=self.runner.lora.adapters.keys(),
+        )  # fmt: skip
         self.model_name = cfg.served_model_name or cfg.model
 
     def tokenize(self, text: str) -> list[int]:
@@ -125,6 +128,7 @@ def create_app(cfg: EngineConfig) -> FastAPI:
     _add_generate_routes(app, engine)
     _add_info_routes(app, engine)
     _add_control_routes(app, engine)
+    _add_lora_routes(app, engine)
     return app
 
 
@@ -317,6 +321,47 @@ def _add_control_routes(app: FastAPI, engine: Engine) -> None:
         body = await _body(request)
         paths = _safetensors_paths(body)
         return _update(engine, lambda: sum(engine.runner.load_state_dict_file(p) for p in paths), body)
+
+
+def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
+    """SGLang's adapter endpoints and reply shape (`success`, `error_message`, `loaded_adapters`).
+    Loading a name that is loaded already swaps its weights in place (the trainer's LoRA sync):
+    sequences generating with it continue with the new weights, none is aborted."""
+    lora = engine.runner.lora
+
+    def reply(success: bool, error: str | None = None, **extra: Any) -> Response:
+        loaded = {name: a.path for name, a in lora.adapters.items()}
+        body = {"success": success, "error_message": error, "loaded_adapters": loaded} | extra
+        return _json(body, 200 if success else 400)
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        body = await _body(request)
+        name, path = (body.get("lora_name"), body.get("lora_path")) if isinstance(body, dict) else (None, None)
+        if not isinstance(name, str) or not name or not isinstance(path, str):
+            raise RequestError('give {"lora_name": "<name>", "lora_path": "<PEFT adapter directory>"}')
+        version = _request_version(body.get("weight_version"))  # checked before anything changes
+        try:
+            adapter = await asyncio.to_thread(lora.read, name, path)  # reading files stays off the event loop
+        except (ValueError, OSError, KeyError) as e:
+            return reply(False, f"loading LoRA adapter {name!r} failed: {e}")
+        lora.install(adapter)
+        extra = {} if version is None else {"weight_version": str(engine.set_weight_version(version))}
+        return reply(True, **extra)
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        body = await _body(request)
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            raise RequestError('give {"lora_name": "<name>"}')
+        if n := engine.scheduler.uses_adapter(name):
+            return reply(False, f"LoRA adapter {name!r} is in use by {n} requests; unload it once they finish")
+        try:
+            lora.unload(name)
+        except ValueError as e:
+            return reply(False, str(e))
+        return reply(True)
 
 
 def _safetensors_paths(body: Any) -> list[str]:

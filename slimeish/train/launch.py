@@ -13,7 +13,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -120,15 +120,15 @@ def engine_argv(model_path: Path, port: int | str, device: str, host: str = "127
 
 def router_argv(
     model_path: Path, port: int | str, *, buffer_url: str, run_id: str, admin_token: str, engine_urls: list[str],
-    router_id: str, host: str = "127.0.0.1", routed_experts: bool = False,
+    router_id: str, host: str = "127.0.0.1", extra: Sequence[str] = (),
 ) -> list[str]:  # fmt: skip
     """A router's argv; `router_id` names it in the sessions it opens, so that when it restarts it
     recovers (closes and regenerates) only what its dead self held, not the other routers' sessions.
-    `routed_experts`: it records each token's experts (the trainer replays them)."""
+    `extra`: the flags the trainer needs of every router (`router_flags`)."""
     argv = ["router", *flags(model=model_path, port=port, buffer_url=buffer_url, run_id=run_id, host=host)]
     argv += flags(admin_token=admin_token, router_id=router_id) + [f"--engine={url}" for url in engine_urls]
     argv.append("--recover-open-sessions")
-    return argv + (["--return-routed-experts"] if routed_experts else [])
+    return argv + list(extra)
 
 
 def router_engines(method: str, router_url: str, engine_url: str, admin_token: str) -> None:
@@ -171,10 +171,10 @@ class Stack:
 
     def __init__(
         self, cfg: StackConfig, *, model_path: Path, run_dir: Path, run_id: str, weight_sync: str,
-        routed_experts: bool = False,
+        router_flags: Sequence[str] = (),
     ):  # fmt: skip
         self.cfg = cfg
-        self.routed_experts = routed_experts  # routers record each token's experts (routing replay)
+        self.router_flags = list(router_flags)  # what the trainer needs every router to ask (`router_flags`)
         self.run_dir = Path(run_dir)
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -255,7 +255,7 @@ class Stack:
         name = "router" if self.cfg.num_routers == 1 else f"router{i}"
         argv = router_argv(
             self.model_path, port, buffer_url=self.buffer_url, run_id=self.run_id, admin_token=self.admin_token,
-            engine_urls=self.engine_urls, router_id=name, routed_experts=self.routed_experts,
+            engine_urls=self.engine_urls, router_id=name, extra=self.router_flags,
         )  # fmt: skip
         return self._start(name, url, "router", argv, self._wait_health(url))
 

@@ -27,6 +27,7 @@ from slimeish.train.launch import RunningStack, Stack
 from slimeish.train.metrics import batch_metrics, prefixed, timed
 from slimeish.train.parts import Parts, started
 from slimeish.train.setup import TrainSetup, check_plugins, jsonable, parse_args
+from slimeish.trainer.config import LORA_ADAPTER_NAME, TrainerConfig
 
 log = logging.getLogger("slimeish.train")
 
@@ -57,15 +58,24 @@ def run(setup: TrainSetup) -> None:
 def launcher(setup: TrainSetup, run_id: str) -> contextlib.AbstractContextManager[RunningStack]:
     """The local launcher (children of this process), or the Ray one (`--launcher ray`)."""
     model, run_dir, sync = setup.trainer.model_path, setup.run.run_dir, setup.run.weight_sync
-    routes = setup.trainer.use_rollout_routing_replay  # the routers must record what the trainer replays
+    routers = router_flags(setup.trainer)
     if setup.cluster.launcher == "ray":
         from slimeish.cluster.launch import RayStack  # Ray is an optional dependency
 
         return RayStack(
             setup.stack, setup.cluster, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync,
-            routed_experts=routes,
+            router_flags=routers,
         )  # fmt: skip
-    return Stack(setup.stack, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync, routed_experts=routes)
+    return Stack(setup.stack, model_path=model, run_dir=run_dir, run_id=run_id, weight_sync=sync, router_flags=routers)
+
+
+def router_flags(trainer: TrainerConfig) -> list[str]:
+    """What the trainer needs every router of the run to ask the engines: each token's experts (it
+    replays them), and its LoRA adapter (it trains that, not the bare base model)."""
+    out = ["--return-routed-experts"] if trainer.use_rollout_routing_replay else []
+    if trainer.lora_rank:
+        out.append(f"--lora-path={LORA_ADAPTER_NAME}")  # the name `slimeish train`'s weight sync loads it under
+    return out
 
 
 async def supervised(training: Coroutine[Any, Any, None], stack: RunningStack) -> None:

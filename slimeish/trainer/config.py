@@ -12,6 +12,35 @@ from typing import Literal
 
 from slimeish.common.config import help_field
 
+# The name a LoRA run's adapter is served under on the engines (requests give it as `lora_path`).
+LORA_ADAPTER_NAME = "policy"
+# Megatron's linear layers a LoRA adapter can wrap (slimeish.trainer.lora says how each is split).
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+# The Hugging Face modules each stands for (PEFT's target_modules).
+LORA_HF_MODULES = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
+}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """The adapters a LoRA run trains: `scale * B A x` added to each target's output."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    targets: tuple[str, ...]
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def hf_target_modules(self) -> list[str]:
+        return [m for t in self.targets for m in LORA_HF_MODULES[t]]
+
 
 @dataclass(kw_only=True)
 class LossConfig:
@@ -205,6 +234,16 @@ class TrainerConfig:
         None, help="samples per optimizer step; a train_step batch must be a multiple (unset: one step per call)"
     )
     seed: int = help_field(0, help="random seed")
+    lora_rank: int = help_field(
+        0, help="LoRA rank: train low-rank adapters on a frozen base model (0: full fine-tuning)"
+    )
+    lora_alpha: float = help_field(16.0, help="LoRA alpha: adapters add (alpha / rank) * B A x")
+    lora_dropout: float = help_field(0.0, help="dropout on the adapters' input while training")
+    lora_target_modules: list[str] = help_field(
+        list(LORA_TARGETS),
+        help="Megatron layers that get adapters: linear_qkv (attention q/k/v), linear_proj (attention output), "
+        "linear_fc1 (MLP gate/up), linear_fc2 (MLP down); dense models only",
+    )
     custom_megatron_init_path: str | None = help_field(
         None, help="slime's hook run once the process group is up, before the model is built: def init(args) -> None"
     )
@@ -226,6 +265,22 @@ class TrainerConfig:
             raise ValueError("global_batch_size must be > 0")
         if self.lr_warmup_fraction is not None and not 0 <= self.lr_warmup_fraction <= 1:
             raise ValueError("lr_warmup_fraction must be in [0, 1]")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if self.lora_rank < 0:
+            raise ValueError("lora_rank must be >= 0 (0: no LoRA)")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError("lora_dropout must be in [0, 1)")
+        unknown = sorted(set(self.lora_target_modules) - set(LORA_TARGETS))
+        if unknown or not self.lora_target_modules:
+            raise ValueError(f"lora_target_modules: unknown {unknown}; choose from {list(LORA_TARGETS)}")
+
+    def lora(self) -> LoraSpec | None:
+        """The adapters to train, or None without LoRA."""
+        if not self.lora_rank:
+            return None
+        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules))
 
     def use_gpu(self) -> bool:
         import torch

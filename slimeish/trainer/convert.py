@@ -28,7 +28,7 @@ def _qkv_to_megatron(q: Tensor, k: Tensor, v: Tensor, shape: ModelShape) -> Tens
     return torch.cat([q, k, v], dim=1).reshape(-1, *q.shape[2:])
 
 
-def _qkv_from_megatron(qkv: Tensor, shape: ModelShape) -> tuple[Tensor, Tensor, Tensor]:
+def qkv_from_megatron(qkv: Tensor, shape: ModelShape) -> tuple[Tensor, Tensor, Tensor]:
     per_group = shape.num_heads // shape.num_kv_heads
     g, d = shape.num_kv_heads, shape.head_dim
     grouped = qkv.reshape(g, (per_group + 2) * d, *qkv.shape[1:])
@@ -108,10 +108,10 @@ def megatron_to_hf(mg: Tensors, shape: ModelShape) -> Tensors:
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         att = h + "self_attn."
         out[h + "input_layernorm.weight"] = mg[m + "input_layernorm.weight"]
-        qkv = _qkv_from_megatron(mg[m + "self_attention.linear_qkv.weight"], shape)
+        qkv = qkv_from_megatron(mg[m + "self_attention.linear_qkv.weight"], shape)
         out.update(zip((att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"), qkv, strict=True))
         if shape.qkv_bias:
-            qkv_b = _qkv_from_megatron(mg[m + "self_attention.linear_qkv.bias"], shape)
+            qkv_b = qkv_from_megatron(mg[m + "self_attention.linear_qkv.bias"], shape)
             out.update(zip((att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias"), qkv_b, strict=True))
         if shape.qk_norm:
             out[att + "q_norm.weight"] = mg[m + "self_attention.q_layernorm.weight"]

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from slimeish.trainer.convert import gather_shards, megatron_to_hf, shard_for_rank
+from slimeish.trainer.lora import is_lora_param, with_merged_adapters
 from slimeish.trainer.model import ModelShape
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".safetensors.index.json", ".bin.index.json")
@@ -31,8 +32,13 @@ def _tp_rank_and_size() -> tuple[int, int]:
 
 
 def megatron_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters by Megatron name, without Transformer-Engine style `_extra_state` entries."""
-    return {k: v for k, v in model.state_dict().items() if "_extra_state" not in k and isinstance(v, torch.Tensor)}
+    """Base parameters by Megatron name, without Transformer-Engine style `_extra_state` entries
+    or LoRA adapters."""
+    return {
+        k: v
+        for k, v in model.state_dict().items()
+        if "_extra_state" not in k and not is_lora_param(k) and isinstance(v, torch.Tensor)
+    }
 
 
 def load_megatron_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
@@ -49,9 +55,10 @@ def load_megatron_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) ->
 
 
 def gather_hf_state_dict(model: torch.nn.Module, shape: ModelShape) -> dict[str, torch.Tensor]:
-    """Full HF-named weights on CPU, gathered over the tensor-parallel group when TP > 1."""
+    """Full HF-named weights on CPU, gathered over the tensor-parallel group when TP > 1; LoRA
+    adapters, if any, merged into their base weights."""
     _, world = _tp_rank_and_size()
-    own = megatron_params(model)
+    own = with_merged_adapters(megatron_params(model), model)
     if world > 1:
         from megatron.core import parallel_state
 

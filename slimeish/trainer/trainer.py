@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from slimeish.common.sample import Sample
-from slimeish.trainer import checkpoint, hf_io
+from slimeish.trainer import checkpoint, hf_io, lora
 from slimeish.trainer import losses as L
 from slimeish.trainer.advantages import (
     group_normalized_advantages,
@@ -82,6 +82,11 @@ class Trainer:
         # Converted once: the policy and the KL reference start from the same weights.
         weights = hf_to_megatron(hf_io.read_hf_weights(config.model_path), self.shape)
         self.model = self._build(weights)
+        self.lora = config.lora()
+        if self.lora is not None:
+            if self.shape.num_experts:
+                raise ValueError("--lora-rank: LoRA on MoE experts is not supported yet (dense models only)")
+            lora.attach_lora(self.model, self.lora, config.seed)  # freezes the base: only adapters train
         # MoE: every router consults this for its top-k (the routing-mismatch metric, and R3)
         replay = config.use_rollout_routing_replay
         self.routing = ModelRouting(self.model, replay=replay) if self.shape.num_experts else None
@@ -359,6 +364,17 @@ class Trainer:
         state = self.hf_state_dict()
         if global_rank() == 0:
             hf_io.write_hf_checkpoint(state, Path(out_dir), self.config.model_path)
+        return Path(out_dir)
+
+    def export_peft(self, out_dir: str | Path) -> Path:
+        """The LoRA adapters as a PEFT adapter directory for the HF base model (`PeftModel.from_pretrained`,
+        SGLang's `/load_lora_adapter`); written by global rank 0, called by every rank."""
+        if self.lora is None:
+            raise ValueError("export_peft needs a LoRA run (--lora-rank > 0)")
+        full = lora.full_adapter_weights(self._policy())
+        if global_rank() == 0:
+            tensors = lora.peft_state_dict(full, self.shape)
+            lora.write_peft_adapter(Path(out_dir), tensors, lora.peft_config(self.lora, str(self.config.model_path)))
         return Path(out_dir)
 
     def save(self, out_dir: str | Path, data_state: dict[str, Any] | None = None) -> Path:

@@ -16,6 +16,10 @@ Update methods:
 - `distributed`: GPU engines only (SGLang); tensors are broadcast over an NCCL group from trainer
   rank 0 (`nccl_broadcast.py`). Needs `engine_urls`.
 
+A LoRA run (`--lora-rank`) moves only its adapter, whatever the method but `distributed`: a PEFT
+directory (in shared memory, or under `disk_dir` with `disk`) that each engine loads by path with
+`/load_lora_adapter` under `lora_name`, replacing the previous version in place.
+
 With several trainer ranks every rank calls `sync` (gathering tensor-parallel shards is a
 collective); only global rank 0 talks to the engines.
 """
@@ -40,6 +44,7 @@ from safetensors.torch import save_file
 from slimeish.common.config import help_field
 from slimeish.common.plugins import load_function
 from slimeish.common.procs import free_port
+from slimeish.trainer.config import LORA_ADAPTER_NAME, LoraSpec
 from slimeish.trainer.distributed import global_rank
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,11 @@ class WeightSyncConfig:
         "127.0.0.1", help="distributed: address of trainer rank 0, reachable by engines"
     )
     nccl_master_port: int | None = help_field(None, help="distributed: port of the NCCL rendezvous (default: free)")
+    lora_name: str = help_field(
+        LORA_ADAPTER_NAME,
+        help="LoRA runs: the name the trainer's adapter is loaded under on the engines (/load_lora_adapter), "
+        "which requests give as lora_path",
+    )
     post_write_path: str | None = help_field(
         None,
         help=f"disk: slime's hook run once a version's files are written, before the engines load them: "
@@ -93,8 +103,12 @@ class SyncSource(Protocol):
     @property
     def weight_version(self) -> int: ...  # read only: the trainer alone advances it
 
+    @property
+    def lora(self) -> LoraSpec | None: ...  # a LoRA run: only its adapter is pushed
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]: ...
     def export_hf(self, out_dir: str | Path) -> Path: ...
+    def export_peft(self, out_dir: str | Path) -> Path: ...
 
 
 class WeightSyncError(RuntimeError):
@@ -124,6 +138,7 @@ class WeightSync:
     def close(self) -> None:
         if self.config.method == "tensor":
             self._remove_shm_files()
+            shutil.rmtree(self._adapter_dir("0").parent, ignore_errors=True)
         if self._nccl is not None:
             self._nccl.close()
         self._client.close()
@@ -136,8 +151,11 @@ class WeightSync:
 
     def sync(self, trainer: SyncSource) -> dict[str, float]:
         """Update every engine to the trainer's current weights; returns seconds per phase."""
-        if global_rank() != 0:
-            trainer.hf_state_dict()  # take part in the tensor-parallel gather; rank 0 does the rest
+        if global_rank() != 0:  # take part in the tensor-parallel gather; rank 0 does the rest
+            if trainer.lora is not None:
+                trainer.export_peft(self._adapter_dir("0"))  # writes nothing off rank 0
+            else:
+                trainer.hf_state_dict()
             return {}
         version = str(trainer.weight_version)
         timings: dict[str, float] = {}
@@ -178,7 +196,7 @@ class WeightSync:
         if self._nccl is not None:
             self._nccl.update(payload["state"], version)
             return
-        endpoint = f"update_weights_from_{self.config.method}"
+        endpoint = "load_lora_adapter" if "lora_path" in payload else f"update_weights_from_{self.config.method}"
         replies = self._call(endpoint, payload)
         _check_versions(replies, version)
         for router in self.config.record_router_urls:  # before generation continues: all routers agree
@@ -191,6 +209,8 @@ class WeightSync:
                 raise WeightSyncError(f"{url}: HTTP {r.status_code}: {r.text[:500]}")
 
     def _prepare(self, trainer: SyncSource, version: str) -> tuple[dict[str, Any], Any]:
+        if trainer.lora is not None:
+            return self._prepare_adapter(trainer, version)
         if self.config.method == "distributed":
             return {"state": trainer.hf_state_dict()}, lambda: None
         if self._disk_root is not None:
@@ -207,6 +227,19 @@ class WeightSync:
             "flush_cache": True,
         }
         return body, lambda: self._remove_shm_files(but=path)
+
+    def _adapter_dir(self, version: str) -> Path:
+        root = self._disk_root or self.config.shm_dir / f"slimeish-lora-{os.getpid()}"
+        return root / f"lora-v{version}"
+
+    def _prepare_adapter(self, trainer: SyncSource, version: str) -> tuple[dict[str, Any], Any]:
+        """A LoRA run moves only its adapter: a PEFT directory the engines load by path (SGLang's
+        /load_lora_adapter). The directory of the served version stays for the router's catch-up."""
+        if self.config.method == "distributed":
+            raise WeightSyncError("a LoRA run syncs its adapter by path: use method 'tensor' or 'disk'")
+        out = trainer.export_peft(self._adapter_dir(version))
+        body = {"lora_name": self.config.lora_name, "lora_path": str(out), "weight_version": version}
+        return body, lambda: _remove_older(out)
 
     def _remove_shm_files(self, but: Path | None = None) -> None:
         """This process's tensor files except `but`: the file of the version the engines serve
@@ -257,7 +290,7 @@ def _transport_error(e: BaseException) -> bool:
 
 def _remove_older(current: Path) -> None:
     """Keep only the newest exported version: engines have loaded it, older ones are dead weight."""
-    for d in current.parent.glob("v*"):
+    for d in current.parent.glob(current.name.rsplit("v", 1)[0] + "v*"):
         if d != current and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)
 

@@ -83,6 +83,7 @@ def test_sync_reports_engine_errors(engine, tmp_path):
 
     class Broken:  # a trainer whose export is not a checkpoint directory
         weight_version = 5
+        lora = None  # a full fine-tuning run
 
         def export_hf(self, out_dir):
             return tmp_path / "missing"

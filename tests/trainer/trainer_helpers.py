@@ -32,8 +32,16 @@ def random_samples(n_groups: int, group_size: int, seed: int = 0, vocab: int = 8
     return out
 
 
-def engine_samples(url: str, prompts: list[list[int]], group_size: int, max_new_tokens: int, seed: int = 0):
-    """Sample `group_size` answers per prompt from an engine at temperature 1, with its log-probs.
+def engine_samples(
+    url: str,
+    prompts: list[list[int]],
+    group_size: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    lora_path: str | None = None,
+):
+    """Sample `group_size` answers per prompt from an engine at temperature 1, with its log-probs
+    (with LoRA adapter `lora_path` when given).
 
     Returns (samples, weight versions reported by the engine)."""
     samples, versions = [], set()
@@ -48,7 +56,7 @@ def engine_samples(url: str, prompts: list[list[int]], group_size: int, max_new_
                         "sampling_seed": seed + i,
                     },
                     "return_logprob": True,
-                }
+                } | ({"lora_path": lora_path} if lora_path else {})
                 reply = client.post(f"{url}/generate", json=body).raise_for_status().json()
                 out = reply["output_ids"]
                 logprobs = [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]]

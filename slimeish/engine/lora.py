@@ -1,0 +1,115 @@
+"""LoRA adapters served unmerged: each request names one (SGLang's `lora_path`) or none (the base).
+
+An adapter is a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`, as
+`Trainer.export_peft` and `PeftModel.save_pretrained` write it). Its A and B stay apart from the
+base weights: a forward hook on each adapted `nn.Linear` adds `scale * (x @ A^T) @ B^T` to the
+rows whose sequence uses that adapter, so one batch mixes the base model and several adapters,
+and loading or swapping an adapter never touches the base weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+_PREFIX = "base_model.model."  # PEFT's keys name modules under its wrapper
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    name: str
+    path: str
+    scale: float
+    modules: dict[str, tuple[Tensor, Tensor]]  # HF module name -> (A [r, in], B [out, r])
+
+
+def read_peft_adapter(name: str, path: str, model: nn.Module) -> LoraAdapter:
+    """Read and check a PEFT LoRA directory against `model`; ValueError says what does not fit."""
+    root = Path(path)
+    cfg_file, weights_file = root / "adapter_config.json", root / "adapter_model.safetensors"
+    if not cfg_file.is_file() or not weights_file.is_file():
+        raise ValueError(f"{path!r} is not a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)")
+    cfg = json.loads(cfg_file.read_text())
+    if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_dora") or cfg.get("bias", "none") != "none":
+        raise ValueError(f"{path}: only plain LoRA adapters are served (no DoRA, no trained biases)")
+    rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+    scale = alpha / (rank**0.5 if cfg.get("use_rslora") else rank)
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    pairs: dict[str, dict[str, Tensor]] = {}
+    for key, tensor in load_file(str(weights_file)).items():
+        module, _, part = key.removeprefix(_PREFIX).rpartition(".lora_")
+        pairs.setdefault(module, {})[part.removesuffix(".weight")] = tensor
+    modules = {}
+    for module, ab in pairs.items():
+        linear = linears.get(module)
+        if linear is None or set(ab) != {"A", "B"}:
+            raise ValueError(f"{path}: {module!r} is not a linear layer of the model, or lacks lora_A/lora_B")
+        a, b = ab["A"], ab["B"]
+        if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
+            shapes = f"A {tuple(a.shape)} / B {tuple(b.shape)}"
+            raise ValueError(f"{path}: {module} {shapes} do not fit r={rank} and the layer")
+        weight = linear.weight
+        modules[module] = (a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype))
+    if not modules:
+        raise ValueError(f"{path}: the adapter holds no LoRA weights")
+    return LoraAdapter(name, str(path), scale, modules)
+
+
+class LoraServing:
+    """The loaded adapters and, during one forward, which adapter each batch row uses."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.adapters: dict[str, LoraAdapter] = {}
+        self._hooked: set[str] = set()
+        self._rows: list[str | None] = []
+
+    def read(self, name: str, path: str) -> LoraAdapter:
+        """Read adapter files (any thread); `install` makes them served."""
+        return read_peft_adapter(name, path, self.model)
+
+    def install(self, adapter: LoraAdapter) -> None:
+        """Serve `adapter` (replacing one of its name: the next forward uses the new weights). Call it
+        between forwards (the engine's event loop), as it may add hooks."""
+        linears = dict(self.model.named_modules())
+        for module in adapter.modules.keys() - self._hooked:
+            linears[module].register_forward_hook(self._hook(module))
+            self._hooked.add(module)
+        self.adapters[adapter.name] = adapter
+
+    def unload(self, name: str) -> None:
+        if self.adapters.pop(name, None) is None:
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded; loaded: {sorted(self.adapters)}")
+
+    @contextmanager
+    def rows(self, adapters: list[str | None]) -> Iterator[None]:
+        """Within the block, batch row i uses adapter `adapters[i]` (None: the base model)."""
+        self._rows = adapters if any(a is not None for a in adapters) else []
+        try:
+            yield
+        finally:
+            self._rows = []
+
+    def _hook(self, module: str):
+        def add_lora(_: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> Tensor:
+            if not self._rows:
+                return out
+            x = args[0]
+            for name in set(self._rows) - {None}:
+                assert name is not None
+                pair = self.adapters[name].modules.get(module)
+                if pair is None:
+                    continue
+                a, b = pair
+                idx = torch.tensor([i for i, r in enumerate(self._rows) if r == name], device=x.device)
+                out = out.index_add(0, idx, (x.index_select(0, idx) @ a.t()) @ b.t(), alpha=self.adapters[name].scale)
+            return out
+
+        return add_lora
