@@ -10,6 +10,7 @@ import functools
 import gc
 import ipaddress
 import logging.config
+import resource
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,7 +27,7 @@ from slimeish.common.redact import RedactSecrets
 from slimeish.router.admin import admin
 from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
-from slimeish.router.connections import HeadDeadlineProtocol
+from slimeish.router.connections import ConnectionCaps, GuardedProtocol
 from slimeish.router.dispatch import RouterApp
 from slimeish.router.engine_pool import EnginePool, engine_client
 from slimeish.router.errors import install_error_handlers
@@ -240,13 +241,34 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(wait_for_buffer(config.buffer_url, config.buffer_connect_timeout))
         except BufferUnreachable as e:
             parser.exit(1, f"{parser.prog}: error: {e}\n")
-    # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
+    _raise_open_files(config.max_connections)
     app = create_app(config, freeze_gc=True)
+    caps = ConnectionCaps(config.max_connections, config.max_connections_per_client)
     uvicorn.run(
         app,
         host=config.host,
         port=config.port,
         log_config=log_config(config.access_log),
-        timeout_keep_alive=75,
-        http=functools.partial(HeadDeadlineProtocol, header_timeout=config.header_timeout),  # type: ignore[arg-type]
+        timeout_keep_alive=config.timeout_keep_alive,
+        http=functools.partial(GuardedProtocol, header_timeout=config.header_timeout, caps=caps),  # type: ignore[arg-type]
     )
+
+
+# Files the router opens besides client connections: engines' and the buffer's connections, the model's files.
+_OWN_FILES = 256
+
+
+def _raise_open_files(max_connections: int) -> None:
+    """Raise the soft limit on open files to what `--max-connections` needs (as SGLang raises
+    it): at the usual 1024 the router would fail to accept (EMFILE) long before its cap."""
+    if not max_connections:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + _OWN_FILES
+    wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    if needed > wanted:
+        logging.getLogger(__name__).warning(
+            "open files are limited to %d (ulimit -n): fewer than --max-connections %d needs", wanted, max_connections
+        )
