@@ -168,9 +168,40 @@ def _install_observability(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        engines = get_state(request).pool.engines.values()
-        ok = any(e.healthy for e in engines)
-        return JSONResponse({"ok": ok, "healthy_engines": sum(e.healthy for e in engines)}, 200 if ok else 503)
+        report = await health_report(get_state(request))
+        return JSONResponse(report, 200 if report["ok"] else 503)
+
+
+def _since(started: Any) -> str:
+    """ ", since <when> (<how long>)" for a wall time, "" for None."""
+    if started is None:
+        return ""
+    return f", since {time.strftime('%H:%M:%S', time.gmtime(started))} UTC ({time.time() - started:.0f} s)"
+
+
+async def health_report(state: RouterState) -> dict[str, Any]:
+    """`/health`'s body: `ok` while an engine is healthy and the buffer (if any) answers, and each
+    dependency's state; `problems` names the causes when not ok, one line each."""
+    engines = list(state.pool.engines.values())
+    healthy = sum(e.healthy for e in engines)
+    buffer = await state.store.problem()
+    problems = []
+    if not healthy:
+        down = [f"{e.url}: {e.refused or e.failure or 'unhealthy'}{_since(e.down_since)}" for e in engines]
+        problems.append("no healthy engine: " + ("; ".join(down) or "none was given (--engine)"))
+    if buffer is not None:
+        cause = f"{buffer['failure']}{_since(buffer['down_since'])}"
+        problems.append(f"the buffer at {buffer['url']} is unreachable ({cause})")
+    return {
+        "ok": not problems,
+        "healthy_engines": healthy,
+        "problems": problems,
+        "engines": [
+            {"url": e.url, "healthy": e.healthy, "failure": e.refused or e.failure, "down_since": e.down_since}
+            for e in engines
+        ],
+        "buffer": buffer,
+    }
 
 
 # Base URLs as agents are given them: OpenAI's ends in /v1, Anthropic's and Gemini's do not.
