@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slimeish.common.config import add_dataclass_args, from_namespace
-from slimeish.common.redact import RedactSecrets
+from slimeish.common.redact import RedactSecrets, mask_loggers
 from slimeish.router.admin import admin
 from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
@@ -107,6 +107,8 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
                 health.cancel()
                 await state.store.close()
 
+    # Wherever it is served (a test's server, an embedding program), what the router logs is masked.
+    mask_loggers("slimeish.router", "uvicorn.error", "uvicorn.access")
     app = RouterApp(title="slimeish router", lifespan=lifespan)
     app.include_router(api)
     app.include_router(admin)
