@@ -79,6 +79,22 @@ class RouterConfig:
     body_timeout: float = help_field(
         30.0, help="seconds a request's whole body has to arrive after its headers (408 and the connection closed)"
     )
+    max_connections: int = help_field(
+        8192,
+        help="most connections open at once; one opened beyond it is answered 503 too_many_connections and closed "
+        "(those open are served on); 0 = no cap; only `slimeish router` (the process) applies it",
+    )
+    max_connections_per_client: int = help_field(
+        0,
+        help="most connections open at once from one client address (503 beyond, as --max-connections); 0 = no cap: "
+        "agents on the router's machine share one loopback address, so set it when clients are other machines",
+    )
+    timeout_keep_alive: int = help_field(
+        75,
+        help="seconds an idle kept-alive connection is held after a response before it is closed (uvicorn's "
+        "--timeout-keep-alive; above agents' clients' own 5 s, so the router is not the side that closes "
+        "a connection as a request is sent on it)",
+    )
     max_messages: int = help_field(
         10_000, help="most messages (Responses: input items) in one request, checked before validation (400 beyond)"
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
@@ -147,9 +148,21 @@ class Engine:
     refused: str | None = None  # why the engine is kept out of the pool until it is added again
     version_checked: bool = False
     failed_checks: int = 0  # health checks in a row it answered late or not 200
+    failure: str | None = None  # its last failure (a request or health check), while it is unhealthy
+    down_since: float | None = None  # when it became unhealthy (time.time())
 
     def as_dict(self) -> JSONObject:
         return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version", "refused")}
+
+
+def _set_health(engine: Engine, healthy: bool, failure: str) -> None:
+    """Mark `engine` healthy or not; an unhealthy one keeps the failure and when it went down."""
+    if healthy:
+        engine.failure = engine.down_since = None
+    else:
+        engine.failure = failure
+        engine.down_since = engine.down_since if not engine.healthy and engine.down_since else time.time()
+    engine.healthy = healthy
 
 
 async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[JSONObject, None]:
@@ -302,7 +315,7 @@ class EnginePool:
 
     def _eject(self, engine: Engine, why: str) -> None:
         log.warning("engine %s failed (%s); ejected until healthy", engine.url, why)
-        engine.healthy = False
+        _set_health(engine, False, why)
 
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(e) for e in list(self.engines.values())))
@@ -313,10 +326,11 @@ class EnginePool:
         prefill on a busy CPU can hold the embedded engine's /health past the check's timeout, and
         ejecting it then fails its sessions' next turns with 503 though it is serving them. One
         serving weights older than the pool's that fails to catch up is out at once too."""
-        out_now = False
+        out_now, failure = False, "its weight version is behind and it failed to catch up"
         try:
             async with self.client.get(engine.url + "/health", timeout=self._check_timeout) as response:
-                ok = response.status == 200
+                if not (ok := response.status == 200):
+                    failure = f"its /health answered {response.status}"
             # A version is read on admission and whenever the engine comes back, or its answers
             # showed an older one (restarted between two checks): it may have missed updates.
             if ok and (not engine.version_checked or not engine.healthy or self._behind(engine)):
@@ -324,10 +338,11 @@ class EnginePool:
                 if self._behind(engine):
                     ok = await self._catch_up(engine)
                     out_now = not ok
-        except aiohttp.ClientConnectorError:
-            ok, out_now = False, True
-        except HTTP_ERRORS:
-            ok = False
+        except aiohttp.ClientConnectorError as e:
+            ok, out_now, failure = False, True, f"cannot be connected to ({e.os_error.strerror or e})"
+        except HTTP_ERRORS as e:
+            late = isinstance(e, TimeoutError)
+            ok, failure = False, "its /health " + ("did not answer in time" if late else f"failed ({e!r})")
         engine.failed_checks = 0 if ok else engine.failed_checks + 1
         tolerated = engine.healthy and not out_now and engine.failed_checks < self.failure_threshold
         healthy = engine.refused is None and (ok or tolerated)
@@ -335,7 +350,7 @@ class EnginePool:
             log.warning("engine %s is now %s", engine.url, "healthy" if healthy else "unhealthy")
         elif not ok and healthy:
             log.warning("engine %s failed a health check (%d in a row)", engine.url, engine.failed_checks)
-        engine.healthy = healthy
+        _set_health(engine, healthy, engine.refused or failure)
 
     def _behind(self, engine: Engine) -> bool:
         """Serving an older version than the last update (or none it reports). An engine ahead of

@@ -10,6 +10,7 @@ import functools
 import gc
 import ipaddress
 import logging.config
+import resource
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,11 +23,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from slimeish.common.config import add_dataclass_args, from_namespace
-from slimeish.common.redact import RedactSecrets
+from slimeish.common.redact import RedactSecrets, mask_loggers
 from slimeish.router.admin import admin
 from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
-from slimeish.router.connections import HeadDeadlineProtocol
+from slimeish.router.connections import ConnectionCaps, GuardedProtocol
 from slimeish.router.dispatch import RouterApp
 from slimeish.router.engine_pool import EnginePool, engine_client
 from slimeish.router.errors import install_error_handlers
@@ -108,6 +109,8 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
                 health.cancel()
                 await state.store.close()
 
+    # Wherever it is served (a test's server, an embedding program), what the router logs is masked.
+    mask_loggers("slimeish.router", "uvicorn.error", "uvicorn.access")
     app = RouterApp(title="slimeish router", lifespan=lifespan)
     app.include_router(api)
     app.include_router(admin)
@@ -169,9 +172,40 @@ def _install_observability(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        engines = get_state(request).pool.engines.values()
-        ok = any(e.healthy for e in engines)
-        return JSONResponse({"ok": ok, "healthy_engines": sum(e.healthy for e in engines)}, 200 if ok else 503)
+        report = await health_report(get_state(request))
+        return JSONResponse(report, 200 if report["ok"] else 503)
+
+
+def _since(started: Any) -> str:
+    """ ", since <when> (<how long>)" for a wall time, "" for None."""
+    if started is None:
+        return ""
+    return f", since {time.strftime('%H:%M:%S', time.gmtime(started))} UTC ({time.time() - started:.0f} s)"
+
+
+async def health_report(state: RouterState) -> dict[str, Any]:
+    """`/health`'s body: `ok` while an engine is healthy and the buffer (if any) answers, and each
+    dependency's state; `problems` names the causes when not ok, one line each."""
+    engines = list(state.pool.engines.values())
+    healthy = sum(e.healthy for e in engines)
+    buffer = await state.store.problem()
+    problems = []
+    if not healthy:
+        down = [f"{e.url}: {e.refused or e.failure or 'unhealthy'}{_since(e.down_since)}" for e in engines]
+        problems.append("no healthy engine: " + ("; ".join(down) or "none was given (--engine)"))
+    if buffer is not None:
+        cause = f"{buffer['failure']}{_since(buffer['down_since'])}"
+        problems.append(f"the buffer at {buffer['url']} is unreachable ({cause})")
+    return {
+        "ok": not problems,
+        "healthy_engines": healthy,
+        "problems": problems,
+        "engines": [
+            {"url": e.url, "healthy": e.healthy, "failure": e.refused or e.failure, "down_since": e.down_since}
+            for e in engines
+        ],
+        "buffer": buffer,
+    }
 
 
 # Base URLs as agents are given them: OpenAI's ends in /v1, Anthropic's and Gemini's do not.
@@ -242,13 +276,34 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(wait_for_buffer(config.buffer_url, config.buffer_connect_timeout))
         except BufferUnreachable as e:
             parser.exit(1, f"{parser.prog}: error: {e}\n")
-    # Agents' clients keep idle connections up to 5 s (httpx, openai): outlast them.
+    _raise_open_files(config.max_connections)
     app = create_app(config, freeze_gc=True)
+    caps = ConnectionCaps(config.max_connections, config.max_connections_per_client)
     uvicorn.run(
         app,
         host=config.host,
         port=config.port,
         log_config=log_config(config.access_log),
-        timeout_keep_alive=75,
-        http=functools.partial(HeadDeadlineProtocol, header_timeout=config.header_timeout),  # type: ignore[arg-type]
+        timeout_keep_alive=config.timeout_keep_alive,
+        http=functools.partial(GuardedProtocol, header_timeout=config.header_timeout, caps=caps),  # type: ignore[arg-type]
     )
+
+
+# Files the router opens besides client connections: engines' and the buffer's connections, the model's files.
+_OWN_FILES = 256
+
+
+def _raise_open_files(max_connections: int) -> None:
+    """Raise the soft limit on open files to what `--max-connections` needs (as SGLang raises
+    it): at the usual 1024 the router would fail to accept (EMFILE) long before its cap."""
+    if not max_connections:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + _OWN_FILES
+    wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    if needed > wanted:
+        logging.getLogger(__name__).warning(
+            "open files are limited to %d (ulimit -n): fewer than --max-connections %d needs", wanted, max_connections
+        )

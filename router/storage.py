@@ -51,19 +51,27 @@ def shown_url(url: str) -> str:
     return parts._replace(netloc=f"{userinfo.partition(':')[0]}:<redacted>@{host}").geturl()
 
 
+async def ping(url: str, timeout: float) -> str | None:
+    """None if the Redis server at `url` answers PING within `timeout` seconds, else why not (one
+    try on a connection of its own: the buffer client's would retry with backoff)."""
+    probe = Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0))
+    try:
+        await probe.ping()
+        return None
+    except (RedisError, OSError) as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        await probe.aclose()
+
+
 async def wait_for_buffer(url: str, timeout: float, every: float = 2.0) -> None:
     """Return once the Redis server at `url` answers PING. Each failed attempt (at most `every`
     seconds, then `every` seconds apart) is logged; BufferUnreachable once `timeout` seconds passed."""
     started = time.monotonic()
     for attempt in range(1, 1_000_000):
-        probe = Redis.from_url(url, socket_connect_timeout=every, socket_timeout=every, retry=Retry(NoBackoff(), 0))
-        try:
-            await probe.ping()
+        if (cause := await ping(url, every)) is None:
             return
-        except (RedisError, OSError) as e:
-            cause, waited = f"{type(e).__name__}: {e}", time.monotonic() - started
-        finally:
-            await probe.aclose()
+        waited = time.monotonic() - started
         if waited + every > timeout:
             raise BufferUnreachable(
                 f"the buffer at {shown_url(url)} did not answer for {waited:.0f} s ({cause}): "
@@ -82,6 +90,11 @@ class TurnStore(Protocol):
     ) -> None: ...
     async def abort_session(self, session_id: str) -> bool: ...
     async def close(self) -> None: ...
+    async def problem(self) -> JSONObject | None: ...
+
+
+# Seconds `/health` waits for the buffer's answer to a PING.
+HEALTH_PING_S = 2.0
 
 
 class BufferStore:
@@ -91,8 +104,9 @@ class BufferStore:
     stalled store is answered 503 instead of holding the request. The write may still land
     later; every write is idempotent in the buffer, and the router sends the same one again."""
 
-    def __init__(self, buffer: Buffer, timeout: float):
-        self.buffer, self.timeout = buffer, timeout
+    def __init__(self, buffer: Buffer, timeout: float, url: str = ""):
+        self.buffer, self.timeout, self.url = buffer, timeout, url
+        self.unreachable_since: float | None = None  # time.time() of the first failed `problem` in a row
 
     @classmethod
     async def connect(
@@ -113,7 +127,7 @@ class BufferStore:
         if recover and (requests := await buffer.recover_open_groups(owner or None)):
             places = sum(len(r.indices) for r in requests)
             log.warning("closed the sessions a previous router left open: %d group places to regenerate", places)
-        return cls(buffer, timeout)
+        return cls(buffer, timeout, url)
 
     async def open_session(self, info: SessionInfo) -> None:
         await asyncio.wait_for(self.buffer.open_session(info), self.timeout)
@@ -132,6 +146,14 @@ class BufferStore:
 
     async def close(self) -> None:
         await self.buffer.aclose()
+
+    async def problem(self) -> JSONObject | None:
+        """None while the buffer answers a PING, else what `/health` says of it."""
+        if (cause := await ping(self.url, HEALTH_PING_S)) is None:
+            self.unreachable_since = None
+            return None
+        self.unreachable_since = self.unreachable_since or time.time()
+        return {"url": shown_url(self.url), "failure": cause, "down_since": self.unreachable_since}
 
 
 class MemoryStore:
@@ -175,6 +197,9 @@ class MemoryStore:
 
     async def close(self) -> None:
         pass
+
+    async def problem(self) -> JSONObject | None:
+        return None
 
     def samples(self, session_id: str) -> list[Sample]:
         """The samples the buffer would build (log-probs stored as float32, as there)."""

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 REDACTED = "<redacted>"
 
 _SECRETS = re.compile(
-    r"(?P<lead>/s/)[^/\s?#\"']+"  # a session path segment: /s/<key>/...
+    r"(?P<lead>/s/)(?!%[srd])[^/\s?#\"']+"  # a session path segment: /s/<key>/... (not a log format's /s/%s)
     r"|(?P<scheme>Bearer\s+)[^\s\"',]+"  # an Authorization header value
     r"|sk-slimeish-[A-Za-z0-9_\-]+",  # a session key anywhere else
     re.IGNORECASE,
@@ -71,6 +71,20 @@ class RedactedStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def mask_loggers(*prefixes: str) -> None:
+    """Install `RedactSecrets` on every logger named by or under `prefixes` that exists now: a
+    record is then masked as it is logged, before any handler sees it, whoever configured the
+    handlers (pytest's log capture, an embedding program's). A logger's filters do not apply to
+    its children's records, so each is filtered itself; loggers are created on import, so call
+    this once the modules that log are imported."""
+    for name in [*prefixes, *logging.Logger.manager.loggerDict]:
+        if not any(name == p or name.startswith(p + ".") for p in prefixes):
+            continue
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactSecrets) for f in logger.filters):
+            logger.addFilter(RedactSecrets())
 
 
 def mask_process_logs() -> None:

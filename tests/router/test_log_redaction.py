@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import openai
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
+from slimeish.router.config import RouterConfig
+from slimeish.router.server import create_app
 
 
 def test_session_keys_are_masked_in_the_access_log_and_errors(tiny_model, engine_url, tmp_path):
@@ -26,3 +30,17 @@ def test_session_keys_are_masked_in_the_access_log_and_errors(tiny_model, engine
     assert key not in text and key.removeprefix("sk-slimeish-") not in text
     assert '"POST /s/<redacted>/v1/chat/completions HTTP/1.1" 200' in text, text
     assert '"GET /s/<redacted>/v1/nowhere HTTP/1.1" 404' in text, text
+
+
+def test_a_router_served_in_process_masks_what_it_logs(tiny_model, caplog):
+    """`create_app` masks the router's loggers themselves: an app served by a test's server or an
+    embedding program (no `slimeish router` log config) logs no key either, tracebacks included."""
+    create_app(RouterConfig(model=tiny_model, engine=[]))
+    key = "sk-slimeish-" + "k" * 43
+    for name in ("slimeish.router.errors", "slimeish.router.engine_pool", "uvicorn.error", "uvicorn.access"):
+        try:
+            raise RuntimeError(f"POST http://r/s/{key}/v1/chat/completions failed")
+        except RuntimeError as e:
+            logging.getLogger(name).error("internal error on POST /s/%s/v1/chat/completions: %s", key, e, exc_info=e)
+    assert len(caplog.records) == 4
+    assert key not in caplog.text and "/s/<redacted>/v1/chat/completions" in caplog.text
