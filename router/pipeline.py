@@ -96,7 +96,8 @@ def request_keys(request: Request) -> list[str]:
     then), `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), `x-goog-api-key` / `?key=` (Gemini)."""
     headers = request.headers
     sent = [headers.get("x-session-id", ""), bearer_token(request), headers.get("x-api-key", "")]
-    sent += [headers.get("x-goog-api-key", ""), request.query_params.get("key", "")]
+    query = request.query_params.get("key", "") if request.scope.get("query_string") else ""  # most have none to parse
+    sent += [headers.get("x-goog-api-key", ""), query]
     return [key.strip() for key in sent if key.strip()]
 
 
