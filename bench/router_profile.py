@@ -26,7 +26,7 @@ from pathlib import Path
 
 from router_overhead import Stack, run_load, standin_argv, standin_reply, turn_costs
 
-PATHS = ("chat", "responses", "messages")
+PATHS = ("token-in", "chat", "responses", "messages")
 
 
 # -- the router, with its collector timed -------------------------------------------------------------

@@ -97,19 +97,19 @@ async def create_session(
         session = state.sessions.create(req)
     except ValueError as e:
         raise APIError(400, str(e), param="index") from None
-    if session.session_id not in state.sessions.by_id:  # else a retry whose first answer was lost
+    if session.identity.session_id not in state.sessions.by_id:  # else a retry whose first answer was lost
         info = SessionInfo(
-            session.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable,
+            session.identity.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable,
             owner=state.config.router_id,
         )  # fmt: skip
         await _open(state, session, info)
     base = str(request.base_url).rstrip("/")
     return {
-        "session_id": session.session_id,
-        "api_key": session.api_key,
-        "base_url": f"{base}/s/{session.api_key}/v1",
-        "group_id": session.group_id,
-        "index": session.index,
+        "session_id": session.identity.session_id,
+        "api_key": session.identity.api_key,
+        "base_url": f"{base}/s/{session.identity.api_key}/v1",
+        "group_id": session.identity.group_id,
+        "index": session.identity.index,
     }
 
 
@@ -123,7 +123,7 @@ def _endable(state: RouterState, request: Request, session_id: str) -> Session |
     """The session a finish or an abort ends; allowed with the admin token or the session's own
     key. Without either, 401 whatever the id: a 404 for unknown ids would tell which ones exist."""
     known = state.sessions.by_id.get(session_id) or state.sessions.closed_by_id.get(session_id)
-    if known is None or not hmac.compare_digest(request_key(request).encode(), known.api_key.encode()):
+    if known is None or not hmac.compare_digest(request_key(request).encode(), known.identity.api_key.encode()):
         require_admin(state, request)
     return _session(state, session_id)
 
@@ -138,20 +138,17 @@ async def _end(
     """Seal `session` with `outcome` once `store` (run under its write lock, after any turn still
     being written) stored its end; with `wait`, first wait for the turns still generating."""
     if isinstance(session, Closed) or session.closed:  # checked and set with no await in between
-        raise _finished(session.session_id)
-    session.finishing = True
-    try:
+        raise _finished(session.identity.session_id)
+    with session.finishing():
         if wait and not await session.wait_idle(state.config.finish_timeout):
-            log.warning("finishing %s with %d turn(s) still generating", session.session_id, session.inflight)
-        async with session.write_lock:
+            log.warning("finishing %s with %d turn(s) still generating", session.identity.session_id, session.inflight)
+        async with session.ledger.write_lock:
             if session.finished is not None:
-                raise _finished(session.session_id)
+                raise _finished(session.identity.session_id)
             await store(session)
             session.seal(outcome)
-    finally:
-        session.finishing = False  # `finished` is set from here on, unless the store refused
     state.metrics.active_sessions.dec()
-    state.pool.release(session.engine)
+    state.pool.release(session.ledger.engine)
     state.sessions.close(session)
     return session.summary()
 

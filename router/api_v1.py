@@ -8,12 +8,14 @@ FastAPI by `slimeish.router.dispatch`; `/v1/models` is an ordinary route.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from slimeish.router import openai_bodies as R
 from slimeish.router.dialects.responses import stored_response
+from slimeish.router.engine_api import SamplingParams
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.limits import check_context, off_loop_if_large
@@ -105,7 +107,8 @@ async def _generate(state: RouterState, turn: InFlight, body: JSONObject, starte
     session = turn.session
     assert session is not None  # the dispatcher routes /generate with a key in the path only
     ids = body.get("input_ids")
-    if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+    # ints and no bools, checked in C: a generator over every id was 4 % of the router's token-in time
+    if not (isinstance(ids, list) and ids and set(map(type, ids)) == {int}):
         raise APIError(400, "the token-in path takes one prompt as `input_ids`: a non-empty list of ints")
     if body.get("stream"):
         raise APIError(400, "stream is not supported on the token-in path", param="stream")
@@ -117,10 +120,13 @@ async def _generate(state: RouterState, turn: InFlight, body: JSONObject, starte
             code="context_length_exceeded",
         )
     plan = session.capture.plan_tokens(ids)
-    params = body.get("sampling_params") or {}
-    if not isinstance(params, dict):
+    sent = body.get("sampling_params") or {}
+    if not isinstance(sent, dict):
         raise APIError(400, "sampling_params must be a JSON object", param="sampling_params")
-    params = session.sampling_defaults | params  # the body's own values win
+    # typed here, at the edge; SGLang fields the router does not name are passed on as sent
+    params: SamplingParams = session.identity.sampling_defaults | cast(
+        SamplingParams, sent
+    )  # the body's own values win
     check_n(params)
     forwarded = {k: v for k, v in body.items() if k not in ("input_ids", "text", "sampling_params", "return_logprob")}
     gens = await run_turn(state, session, plan, params, forwarded)

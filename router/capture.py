@@ -20,6 +20,7 @@ instead of starting a segment at every switch. Only the latest segment of a line
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -96,6 +97,18 @@ class Capture:
         self.next_turn_prompt = next_turn_prompt
         self.segments: list[Segment] = []
         self.agents: list[Agent] = []  # lineage i is agents[i]
+
+    def snapshot(self) -> list[Segment]:
+        """The segments as they are, for `restore` (commit replaces a segment's fields, never mutates them)."""
+        return [copy.copy(seg) for seg in self.segments]
+
+    def restore(self, saved: list[Segment]) -> None:
+        """Back to a `snapshot`: a turn that was not stored is taken out again."""
+        self.segments = saved
+
+    def clear(self) -> None:
+        """Drop the tokens and history of a finished session: nothing extends it any more."""
+        self.segments, self.agents = [], []
 
     # -- planning ---------------------------------------------------------------------------
     def plan_chat(self, messages: list[JSONObject], tools: list[JSONObject] | None, validate: Validator) -> TurnPlan:

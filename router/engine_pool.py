@@ -25,12 +25,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
+from slimeish.router.engine_api import GenerateReply
 from slimeish.router.jsontypes import JSONObject
 
 log = logging.getLogger(__name__)
@@ -165,18 +167,21 @@ def _set_health(engine: Engine, healthy: bool, failure: str) -> None:
     engine.healthy = healthy
 
 
-async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[JSONObject, None]:
+Answer = GenerateReply | list[GenerateReply]  # a list when the request asked for n > 1
+
+
+async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[Answer, None]:
     """A non-streamed answer, as one item; it carries the engine's current weight version."""
     content = await response.read()
     _check_status(engine, response.status, content)
-    data = orjson.loads(content)
-    first = data[0] if isinstance(data, list) and data else data
+    data: Answer = orjson.loads(content)
+    first: GenerateReply = (data[0] if data else {}) if isinstance(data, list) else data
     if (version := first.get("meta_info", {}).get("weight_version")) is not None:
         engine.weight_version = int(version)  # SGLang sends it as a string
     yield data
 
 
-async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[JSONObject, None]:
+async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[GenerateReply, None]:
     """A streamed answer's SGLang chunks (the `data:` lines of its server-sent events)."""
     if response.status >= 400:
         _check_status(engine, response.status, await response.read())
@@ -186,8 +191,9 @@ async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGene
             yield orjson.loads(line[5:])
 
 
-# How `EnginePool._send` reads an engine's answer.
-Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[JSONObject, None]]
+Item = TypeVar("Item", Answer, GenerateReply)
+# How `EnginePool._send` reads an engine's answer: whole, or chunk by chunk.
+Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[Item, None]]
 
 
 class EnginePool:
@@ -254,19 +260,19 @@ class EnginePool:
             raise NoEngineError("no healthy engine is available")
         return min(candidates, key=lambda e: (e.inflight, e.sessions))
 
-    async def generate(self, payload: JSONObject, sticky: str | None) -> tuple[JSONObject, Engine]:
+    async def generate(self, payload: Mapping[str, Any], sticky: str | None) -> tuple[Answer, Engine]:
         """POST /generate, retried on another engine only when one cannot be reached (see
         `_not_reached`)."""
         # `_whole` yields one answer; running `_send` to its end releases the engine right there.
         [answer] = [a async for a in self._send(orjson.dumps(payload), sticky, _whole)]
         return answer
 
-    def stream(self, payload: JSONObject, sticky: str | None) -> AsyncIterator[tuple[JSONObject, Engine]]:
+    def stream(self, payload: Mapping[str, Any], sticky: str | None) -> AsyncIterator[tuple[GenerateReply, Engine]]:
         """POST /generate with `stream: true`, yielding SGLang chunks; an engine that cannot be
         reached is ejected and the request retried on another one."""
         return self._send(orjson.dumps({**payload, "stream": True}), sticky, _chunks)
 
-    async def _send(self, body: bytes, sticky: str | None, read: Reader) -> AsyncIterator[tuple[JSONObject, Engine]]:
+    async def _send(self, body: bytes, sticky: str | None, read: Reader[Item]) -> AsyncIterator[tuple[Item, Engine]]:
         """The retry loop of both: POST `body` to /generate and yield what `read` makes of the
         answer. Until the first item is out, an engine that was not reached is given up for the
         next one; after it, a failure ends the request (the client already has output)."""

@@ -22,6 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from slimeish.router.capture import TurnPlan, Validator
+from slimeish.router.engine_api import EngineChunks, SamplingParams
 from slimeish.router.engine_pool import GenerationAborted
 from slimeish.router.errors import APIError, from_validation_error, known_error
 from slimeish.router.jsontypes import JSONObject
@@ -55,7 +56,7 @@ class Conversation:
 @dataclass
 class PlannedTurn:
     plan: TurnPlan
-    params: JSONObject  # SGLang sampling params
+    params: SamplingParams
     forced: str  # the reply's start that tool_choice forced (appended to the prompt)
     parse_tools: list[JSONObject] | None  # the tools whose calls the reply is parsed for; None: calls are content
 
@@ -95,7 +96,8 @@ def request_keys(request: Request) -> list[str]:
     then), `Authorization: Bearer` (OpenAI), `x-api-key` (Anthropic), `x-goog-api-key` / `?key=` (Gemini)."""
     headers = request.headers
     sent = [headers.get("x-session-id", ""), bearer_token(request), headers.get("x-api-key", "")]
-    sent += [headers.get("x-goog-api-key", ""), request.query_params.get("key", "")]
+    query = request.query_params.get("key", "") if request.scope.get("query_string") else ""  # most have none to parse
+    sent += [headers.get("x-goog-api-key", ""), query]
     return [key.strip() for key in sent if key.strip()]
 
 
@@ -132,11 +134,11 @@ def session_for_key(state: RouterState, key: str | None) -> Session:
     """The open session owning `key`: 401 when none does, 409 when it is finished."""
     session = state.sessions.by_api_key(key) if key else None
     if session is None and key and (closed := state.sessions.closed_by_key.get(key)):
-        raise APIError(409, f"session {closed.session_id} is finished", code="session_finished")
+        raise APIError(409, f"session {closed.identity.session_id} is finished", code="session_finished")
     if session is None:
         raise APIError(401, "unknown or missing session key", type="authentication_error", code="invalid_api_key")
     if session.closed:
-        raise APIError(409, f"session {session.session_id} is finished", code="session_finished")
+        raise APIError(409, f"session {session.identity.session_id} is finished", code="session_finished")
     return session
 
 
@@ -186,7 +188,7 @@ async def serve_turn(request: Request, api_key: str | None, handler: TurnHandler
     with in_flight(session, request) as turn:
         response = await handler(state, turn, body, started)
     if session is not None and not isinstance(response, StreamingResponse):
-        session.last_answer = (raw, bytes(response.body), response.media_type)
+        session.memory.last_answer = (raw, bytes(response.body), response.media_type)
     return response
 
 
@@ -196,19 +198,20 @@ def replayed(session: Session, request: Request, raw: bytes) -> Response | None:
     answer the client missed, so the episode stays one trajectory (a second turn would fork it).
     A turn answered with an error is not stored, so its retry is generated anew."""
     retry = request.headers.get("x-stainless-retry-count", "0") not in ("", "0")
-    if not retry or session.last_answer is None or session.last_answer[0] != raw:
+    last = session.memory.last_answer
+    if not retry or last is None or last[0] != raw:
         return None
-    _, body, media_type = session.last_answer
+    _, body, media_type = last
     return Response(body, media_type=media_type, headers={"x-slimeish-replayed": "true"})
 
 
 def sampling_params(
     state: RouterState, session: Session | None, req: SamplingFields, max_tokens: int | None, prompt_len: int
-) -> JSONObject:
+) -> SamplingParams:
     """SGLang sampling params: the request's, else the session's defaults (else the engine's); the
     context check of an explicit `max_tokens` gives OpenAI's `context_length_exceeded`, a default
     budget is capped by the room left."""
-    defaults = dict(session.sampling_defaults) if session else {}
+    defaults: SamplingParams = session.identity.sampling_defaults.copy() if session else {}
     budget = defaults.pop("max_new_tokens", None) or state.config.default_max_tokens
     room = state.context_length - prompt_len
     if room <= 0 or (max_tokens is not None and max_tokens > room):
@@ -223,8 +226,14 @@ def sampling_params(
             param="messages",
             code="context_length_exceeded",
         )
-    params: dict[str, Any] = {"max_new_tokens": max_tokens or min(room, budget), "n": req.n} | defaults
-    params |= req.model_dump(include={"temperature", "top_p", "top_k"}, exclude_none=True)
+    params: SamplingParams = {"max_new_tokens": max_tokens or min(room, budget), "n": req.n}
+    params.update(defaults)
+    if req.temperature is not None:
+        params["temperature"] = req.temperature
+    if req.top_p is not None:
+        params["top_p"] = req.top_p
+    if req.top_k is not None:
+        params["top_k"] = req.top_k
     if req.stop:
         params["stop"] = req.stop_list()
     if req.seed is not None:
@@ -277,7 +286,7 @@ def assistant_message(
 
 
 async def run_turn(
-    state: RouterState, session: Session | None, plan: TurnPlan, params: JSONObject, extra: JSONObject | None = None
+    state: RouterState, session: Session | None, plan: TurnPlan, params: SamplingParams, extra: JSONObject | None = None
 ) -> list[Generation]:
     gens = await state.runner.generate(session, plan.input_ids, params, extra or {})
     check_not_aborted(gens)
@@ -300,7 +309,7 @@ async def generate_replies(
 
 @dataclass
 class EngineStream:
-    chunks: AsyncIterator[tuple[JSONObject, str]]  # (SGLang's cumulative chunk, the engine's url)
+    chunks: EngineChunks
     overdue: bool  # no chunk came within the patience: the client is owed a keep-alive as the stream opens
 
 
@@ -308,7 +317,7 @@ async def engine_chunks(
     state: RouterState,
     session: Session | None,
     plan: TurnPlan,
-    params: JSONObject,
+    params: SamplingParams,
     extra: JSONObject,
     patience: float | None = None,
 ) -> EngineStream:
@@ -326,7 +335,7 @@ async def engine_chunks(
     if done:
         first.result()  # the engine's failure before any output, raised here: an HTTP error
 
-    async def rest() -> AsyncIterator[tuple[JSONObject, str]]:
+    async def rest() -> EngineChunks:
         try:
             yield await first
             async for chunk in chunks:

@@ -8,6 +8,7 @@ earlier ones were validated when they were new and are compared to the stored co
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -120,7 +121,7 @@ class StreamOptions(BaseModel):
 MAX_N = 16  # choices one request may ask for, on every path: each is a sequence generated and recorded
 
 
-def check_n(sampling_params: dict[str, Any]) -> None:
+def check_n(sampling_params: Mapping[str, Any]) -> None:
     """A 400 unless SGLang's `sampling_params.n` (default 1) is an int in 1..MAX_N."""
     n = sampling_params.get("n", 1)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:

@@ -6,14 +6,16 @@ import asyncio
 import contextlib
 import secrets
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from slimeish.common.sample import Status
 from slimeish.router.capture import SAMPLED, Capture
+from slimeish.router.engine_api import SamplingParams
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.renderers.base import Renderer
 from slimeish.router.schemas import TopK
@@ -65,16 +67,24 @@ class StoredResponse:
     body: bytes  # the response object as answered, as JSON: kept per turn, so out of the GC's walk
 
 
-@dataclass(eq=False)
-class Session:
+@dataclass(frozen=True, slots=True)
+class SessionIdentity:
+    """Who the session is and the key that reaches it: fixed when the registry creates it."""
+
     session_id: str
     api_key: str
     group_id: str
     index: int
     group_size: int
-    metadata: dict[str, Any]
-    capture: Capture
-    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the SGLang params a turn may omit
+    metadata: Mapping[str, Any]
+    sampling_defaults: SamplingParams  # the ones a turn may omit (read-only: copied where a turn adds its own)
+
+
+@dataclass(eq=False, slots=True)
+class TurnLedger:
+    """What the store holds of the session and where its turns run; written only by
+    `turns.TurnRunner` (tests/router/test_session_owners.py)."""
+
     engine: str | None = None  # sticky engine URL (prefix-cache reuse)
     turns: int = 0  # turns the store confirmed
     # The index of the first turn whose write failed (its client was told so), None when there is
@@ -82,61 +92,97 @@ class Session:
     # session, which then writes at the next `epoch` (the buffer refuses writes from older ones).
     revoke_from: int | None = None
     epoch: int = 0
-    finished: FinishSession | None = None
-    # Responses API `store`: each stored response, which a later turn continues with
-    # `previous_response_id` and `GET /v1/responses/{id}` returns.
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
+
+
+@dataclass(eq=False, slots=True)
+class DialectMemory:
+    """What the dialects keep between the session's turns; each field has one writer."""
+
+    # Responses API `store` (dialects.responses): each stored response, which a later turn
+    # continues with `previous_response_id` and `GET /v1/responses/{id}` returns.
     responses: dict[str, StoredResponse] = field(default_factory=dict)
-    # The last non-streamed request's body and its answer (body, media type), replayed to an SDK's retry.
+    # The last non-streamed request's body and its answer (body, media type), replayed to an SDK's
+    # retry (pipeline).
     last_answer: tuple[bytes, bytes, str | None] | None = None
     converted: dict[str, Any] = field(default_factory=dict)  # per dialect: its last conversion (dialects.incremental)
-    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps turn records in order
-    finishing: bool = False  # a finish is waiting for in-flight turns: new turns are refused
-    inflight: int = 0  # turns between request and record (or failure)
-    _idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set while inflight == 0
-    _final: dict[str, Any] | None = field(default=None, repr=False)  # the summary kept after `seal`
 
-    def __post_init__(self) -> None:
+
+class Session:
+    """One episode, split by concern: `identity` (frozen), `capture` (its tokens, written by
+    capture.Capture's methods), `ledger` (turns.TurnRunner), `memory` (the dialects), and its
+    lifecycle (in-flight turns, finishing, finished), written only through the methods here."""
+
+    def __init__(self, identity: SessionIdentity, capture: Capture):
+        self.identity = identity
+        self.capture = capture
+        self.ledger = TurnLedger()
+        self.memory = DialectMemory()
+        self._finished: FinishSession | None = None
+        self._finishing = False  # a finish is waiting for in-flight turns: new turns are refused
+        self._inflight = 0  # turns between request and record (or failure)
+        self._idle = asyncio.Event()  # set while no turn is in flight
         self._idle.set()
+        self._final: dict[str, Any] | None = None  # the summary kept after `seal`
+
+    @property
+    def finished(self) -> FinishSession | None:
+        return self._finished
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
 
     @property
     def closed(self) -> bool:
         """Finished, or being finished: no new turn may start."""
-        return self.finished is not None or self.finishing
+        return self._finished is not None or self._finishing
 
     def begin_turn(self) -> None:
-        self.inflight += 1
+        self._inflight += 1
         self._idle.clear()
 
     def end_turn(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
+        self._inflight -= 1
+        if self._inflight == 0:
             self._idle.set()
+
+    @contextlib.contextmanager
+    def finishing(self) -> Iterator[None]:
+        """New turns are refused while a finish runs; afterwards `finished` refuses them, unless
+        the finish failed (the store refused it) and left the session open."""
+        self._finishing = True
+        try:
+            yield
+        finally:
+            self._finishing = False
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no turn is in flight; False if `timeout` passed first."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
-        return self.inflight == 0
+        return self._inflight == 0
 
     def seal(self, finish: FinishSession) -> None:
         """Mark finished and drop the capture state (tokens, history): nothing extends it any more."""
-        self.finished = finish
+        self._finished = finish
         self._final = self.summary()
-        self.capture.segments = []
-        self.responses, self.last_answer, self.converted = {}, None, {}
+        self.capture.clear()
+        self.memory = DialectMemory()
 
     def summary(self) -> dict[str, Any]:
         if self._final is not None:
             return self._final
+        ident = self.identity
         return {
-            "session_id": self.session_id,
-            "group_id": self.group_id,
-            "index": self.index,
-            "group_size": self.group_size,
-            "sampling_defaults": self.sampling_defaults,
-            "engine": self.engine,
-            "turns": self.turns,
-            "finished": self.finished.model_dump() if self.finished else None,
+            "session_id": ident.session_id,
+            "group_id": ident.group_id,
+            "index": ident.index,
+            "group_size": ident.group_size,
+            "sampling_defaults": dict(ident.sampling_defaults),
+            "engine": self.ledger.engine,
+            "turns": self.ledger.turns,
+            "finished": self._finished.model_dump() if self._finished else None,
             "segments": [
                 {"index": s.index, "split_reason": s.split_reason, "num_tokens": len(s.tokens)}
                 for s in self.capture.segments
@@ -148,8 +194,7 @@ class Session:
 class Closed:
     """What is kept of a finished session: enough to answer 409 to its key and `GET` its summary."""
 
-    session_id: str
-    api_key: str
+    identity: SessionIdentity
     summary: dict[str, Any]
 
 
@@ -180,16 +225,16 @@ class SessionRegistry:
         slot = (req.group_id, req.index)
         if (earlier := self.by_slot.get(slot)) is not None and earlier[0] == req:
             return earlier[1]
-        session = Session(
+        identity = SessionIdentity(
             session_id="sess_" + secrets.token_hex(12),
             api_key="sk-slimeish-" + secrets.token_urlsafe(32),
             group_id=req.group_id,
             index=req.index,
             group_size=req.group_size,
             metadata=req.metadata,
-            capture=self.new_capture(),
-            sampling_defaults=req.sampling_defaults.model_dump(exclude_none=True),
+            sampling_defaults=cast(SamplingParams, req.sampling_defaults.model_dump(exclude_none=True)),
         )
+        session = Session(identity, self.new_capture())
         self.by_slot[slot] = (req, session)
         return session
 
@@ -199,16 +244,17 @@ class SessionRegistry:
 
     def forget(self, session: Session) -> None:
         """Drop a created session the store refused: a new request for its slot starts afresh."""
-        slot = (session.group_id, session.index)
+        slot = (session.identity.group_id, session.identity.index)
         if (earlier := self.by_slot.get(slot)) is not None and earlier[1] is session:
             del self.by_slot[slot]
 
     def register(self, session: Session) -> bool:
         """Make a created session reachable (once the store has opened it); False if it already was."""
-        if session.session_id in self.by_id:
+        ident = session.identity
+        if ident.session_id in self.by_id:
             return False
-        self.by_id[session.session_id] = session
-        self.by_key[session.api_key] = session
+        self.by_id[ident.session_id] = session
+        self.by_key[ident.api_key] = session
         return True
 
     def by_api_key(self, key: str) -> Session | None:
@@ -220,12 +266,11 @@ class SessionRegistry:
 
     def close(self, session: Session) -> None:
         """Drop a sealed session from the open maps, keeping its summary in the bounded LRU."""
-        self.by_id.pop(session.session_id, None)
-        self.by_key.pop(session.api_key, None)
+        ident = session.identity
+        self.by_id.pop(ident.session_id, None)
+        self.by_key.pop(ident.api_key, None)
         self.forget(session)
-        closed = Closed(session.session_id, session.api_key, session.summary())
-        self.closed_by_id[closed.session_id] = closed
-        self.closed_by_key[closed.api_key] = closed
+        self.closed_by_id[ident.session_id] = self.closed_by_key[ident.api_key] = Closed(ident, session.summary())
         while len(self.closed_by_id) > self.keep_finished:
             _, old = self.closed_by_id.popitem(last=False)
-            self.closed_by_key.pop(old.api_key, None)
+            self.closed_by_key.pop(old.identity.api_key, None)

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from slimeish.common.finish import openai_finish_reason
+from slimeish.router.engine_api import EngineChunks, GenerateReply
 from slimeish.router.jsontypes import JSONObject, TokenLogprob
 from slimeish.router.openai_bodies import usage
 from slimeish.router.renderers.base import CallMarker
@@ -113,10 +114,10 @@ class ChoiceAccumulator:
     """Follows one choice's cumulative stream chunks; the latest one is the whole response so far."""
 
     seen: int = 0  # log-prob entries already handed out
-    last: dict[str, Any] = field(default_factory=dict)
+    last: GenerateReply = field(default_factory=lambda: GenerateReply())
     engine: str = ""
 
-    def add(self, chunk: JSONObject, engine: str) -> list[TokenLogprob]:
+    def add(self, chunk: GenerateReply, engine: str) -> list[TokenLogprob]:
         """Take `chunk` as the response so far; returns the log-prob entries not seen before."""
         entries = chunk.get("meta_info", {}).get("output_token_logprobs") or []
         new, self.seen = entries[self.seen :], max(self.seen, len(entries))
@@ -179,7 +180,9 @@ class ReplyStream:
         self.splits = [ReasoningSplit(*reasoning) if reasoning else None for _ in range(n)]
         self.forced = forced
 
-    async def deltas(self, chunks: AsyncIterator[tuple[JSONObject, str]]) -> AsyncIterator[Delta]:
+    async def deltas(self, chunks: EngineChunks) -> AsyncIterator[Delta]:
+        reasoning: str | None
+        content: str | None
         async for chunk, engine in chunks:
             i = chunk.get("index", 0)
             new = self.accs[i].add(chunk, engine)
@@ -200,7 +203,7 @@ class ReplyStream:
 
 
 async def completion_events(
-    chunks: AsyncIterator[tuple[JSONObject, str]], head: JSONObject, n: int, stops: list[str], result: StreamedTurn
+    chunks: EngineChunks, head: JSONObject, n: int, stops: list[str], result: StreamedTurn
 ) -> AsyncIterator[bytes]:
     """OpenAI `text_completion` stream events, as `chat_events`."""
     accs = [ChoiceAccumulator() for _ in range(n)]

@@ -8,7 +8,6 @@ never re-derived from text.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -19,6 +18,7 @@ from slimeish.buffer import SessionFinishedError, Turn
 from slimeish.common.finish import finish_type
 from slimeish.common.routed_experts import new_token_rows
 from slimeish.router.capture import TurnPlan
+from slimeish.router.engine_api import GenerateReply, GenerateRequest, MetaInfo, SamplingParams
 from slimeish.router.engine_pool import EnginePool
 from slimeish.router.history import PARALLEL_CHOICE
 from slimeish.router.jsontypes import JSONObject
@@ -44,7 +44,7 @@ class Generation:
     finish_type: str  # SGLang's finish_reason.type: "stop" | "length" | "abort"
     weight_versions: list[int]
     engine: str
-    raw: dict[str, Any]  # the engine's reply as it came, which token-in /generate answers verbatim
+    raw: GenerateReply  # the engine's reply as it came, which token-in /generate answers verbatim
     matched_stop: str | None = None  # the stop string that ended it, if one did
     top_logprobs: list[list[list[Any]] | None] | None = None  # SGLang's output_top_logprobs, when asked
     routed_experts: str | None = None  # SGLang's meta_info.routed_experts (MoE), when asked
@@ -54,20 +54,20 @@ class Generation:
     tool_calls: int = 0  # calls parsed from it
 
 
-def _weight_versions(meta: dict[str, Any]) -> list[int]:
+def _weight_versions(meta: MetaInfo) -> list[int]:
     spans = meta.get("weight_versions") or []
     versions = [int(s["version"]) for s in spans] if spans else [int(meta.get("weight_version") or 0)]
     return sorted(set(versions))
 
 
-def _matched_stop(meta: dict[str, Any]) -> str | None:
+def _matched_stop(meta: MetaInfo) -> str | None:
     """SGLang's `finish_reason.matched`: a stop string, or a stop token's id (not a stop sequence)."""
     matched = (meta.get("finish_reason") or {}).get("matched")
     return matched if isinstance(matched, str) else None
 
 
-def parse_generation(item: dict[str, Any], engine: str) -> Generation:
-    meta = item.get("meta_info", {})
+def parse_generation(item: GenerateReply, engine: str) -> Generation:
+    meta: MetaInfo = item.get("meta_info", {})
     entries = meta.get("output_token_logprobs") or []
     ids = list(item.get("output_ids") or [e[1] for e in entries])
     if [e[1] for e in entries] != ids:
@@ -98,44 +98,52 @@ class TurnRunner:
         lora_path: str | None = None,
     ):
         self.pool, self.store, self.metrics = pool, store, metrics
-        self.asked: JSONObject = {"return_logprob": True}
-        if routed_experts:  # every engine request asks for the experts of each token (MoE routing replay)
-            self.asked["return_routed_experts"] = True
-        if lora_path is not None:  # a LoRA run samples with the trainer's adapter, never the bare base
-            self.asked["lora_path"] = lora_path
+        # every engine request asks for the experts of each token (MoE routing replay)
+        self.routed_experts = routed_experts
+        self.lora_path = lora_path  # a LoRA run samples with the trainer's adapter, never the bare base
 
     async def generate(
-        self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
+        self, session: Session | None, input_ids: list[int], sampling: SamplingParams, extra: JSONObject
     ) -> list[Generation]:
         """Generate `sampling["n"]` continuations on one engine (the session's, if healthy)."""
-        payload = {"input_ids": input_ids, "sampling_params": sampling, **self.asked, **extra}
-        sticky = session.engine if session else None
+        payload = self._request(input_ids, sampling, extra)
+        sticky = session.ledger.engine if session else None
         data, engine = await self.pool.generate(payload, sticky)
-        if session is not None and session.engine != engine.url:
-            if session.engine is not None:
+        if session is not None and session.ledger.engine != engine.url:
+            if session.ledger.engine is not None:
                 self.metrics.engine_failovers.inc()
             self._move(session, engine.url)
         items = data if isinstance(data, list) else [data]
         return [parse_generation(item, engine.url) for item in items]
 
     async def stream(
-        self, session: Session | None, input_ids: list[int], sampling: JSONObject, extra: JSONObject
-    ) -> AsyncIterator[tuple[JSONObject, str]]:
+        self, session: Session | None, input_ids: list[int], sampling: SamplingParams, extra: JSONObject
+    ) -> AsyncIterator[tuple[GenerateReply, str]]:
         """Like `generate`, streamed: (SGLang chunk, engine URL) pairs."""
-        payload = {"input_ids": input_ids, "sampling_params": sampling, **self.asked, **extra}
-        sticky = session.engine if session else None
+        payload = self._request(input_ids, sampling, extra)
+        sticky = session.ledger.engine if session else None
         async for chunk, engine in self.pool.stream(payload, sticky):
-            if session is not None and session.engine != engine.url:
-                if session.engine is not None:
+            if session is not None and session.ledger.engine != engine.url:
+                if session.ledger.engine is not None:
                     self.metrics.engine_failovers.inc()
                 self._move(session, engine.url)
             yield chunk, engine.url
 
+    def _request(self, input_ids: list[int], sampling: SamplingParams, extra: JSONObject) -> dict[str, object]:
+        """The /generate body: `extra` holds fields beyond the router's own (chat's
+        `top_logprobs_num`; the token-in client's other SGLang fields, passed on as sent)."""
+        request: GenerateRequest = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True}
+        if self.routed_experts:
+            request["return_routed_experts"] = True
+        if self.lora_path is not None:
+            request["lora_path"] = self.lora_path
+        return {**request, **extra}
+
     def _move(self, session: Session, url: str) -> None:
         if session.finished is not None:  # finished while generating: it no longer counts anywhere
             return
-        self.pool.move(session.engine, url)
-        session.engine = url
+        self.pool.move(session.ledger.engine, url)
+        session.ledger.engine = url
 
     async def record(
         self,
@@ -154,30 +162,36 @@ class TurnRunner:
         failed may still land (a stalled store answers late): the turn is then revoked in the
         store before anything else is written for the session (`confirm`), and `StoreUnavailable`
         is raised, so the client is told it failed and it is never stored."""
-        async with session.write_lock:
+        async with session.ledger.write_lock:
             if session.finished is not None:  # the finish stopped waiting for this turn
                 # The refusal the buffer itself would give: appending to a finished session.
                 raise SessionFinishedError(
-                    f"session {session.session_id} was finished while this turn was generating; it is not recorded"
+                    f"session {session.identity.session_id} was finished while this turn was generating; "
+                    "it is not recorded"
                 )
             await self.confirm_locked(session)
-            saved = [copy.copy(seg) for seg in session.capture.segments]  # commit reassigns, never mutates
-            first = session.turns
+            saved = session.capture.snapshot()
+            first = session.ledger.turns
             try:
                 for i, (gen, answer) in enumerate(zip(gens, answers, strict=True)):
-                    await self.store.append_turn(self._commit(session, plan, i, gen, answer, started), session.epoch)
-                    session.turns += 1
+                    await self.store.append_turn(
+                        self._commit(session, plan, i, gen, answer, started), session.ledger.epoch
+                    )
+                    session.ledger.turns += 1
             except (Exception, asyncio.CancelledError) as e:
-                session.capture.segments, stored, session.turns = saved, session.turns - first, first
+                session.capture.restore(saved)
+                stored, session.ledger.turns = session.ledger.turns - first, first
                 if isinstance(e, asyncio.CancelledError):  # the client left mid-write, which may still land
-                    session.revoke_from = first
+                    session.ledger.revoke_from = first
                     raise
                 if not isinstance(e, STORE_ERRORS):  # a refusal (BufferInputError: 400/409) or a bug (500)
                     if stored:  # earlier choices of this turn landed: take them back too
-                        session.revoke_from = first
+                        session.ledger.revoke_from = first
                     raise
-                log.warning("storing a turn of %s failed (%s): it is revoked", session.session_id, type(e).__name__)
-                session.revoke_from = first
+                log.warning(
+                    "storing a turn of %s failed (%s): it is revoked", session.identity.session_id, type(e).__name__
+                )
+                session.ledger.revoke_from = first
                 raise StoreUnavailable("the turn", e) from e
 
     def _commit(
@@ -199,8 +213,8 @@ class TurnRunner:
         self.metrics.tokens_in.inc(len(committed.prompt_ids))
         self.metrics.tokens_out.inc(len(gen.output_ids))
         return Turn(
-            session_id=session.session_id,
-            turn_index=session.turns,
+            session_id=session.identity.session_id,
+            turn_index=session.ledger.turns,
             segment_index=committed.segment_index,
             split_reason=committed.split_reason,
             lineage=committed.lineage,
@@ -222,16 +236,17 @@ class TurnRunner:
     async def confirm(self, session: Session) -> None:
         """Revoke the session's failed turn in the store (`record`); StoreUnavailable while the
         store still cannot be reached."""
-        if session.revoke_from is not None:
-            async with session.write_lock:
+        if session.ledger.revoke_from is not None:
+            async with session.ledger.write_lock:
                 await self.confirm_locked(session)
 
     async def confirm_locked(self, session: Session) -> None:
         """`confirm`, with the session's write lock already held."""
-        if session.revoke_from is None:
+        ledger = session.ledger
+        if ledger.revoke_from is None:
             return
         try:
-            await self.store.revoke_turns(session.session_id, session.revoke_from, session.epoch + 1)
+            await self.store.revoke_turns(session.identity.session_id, ledger.revoke_from, ledger.epoch + 1)
         except STORE_ERRORS as e:
             raise StoreUnavailable("the revocation of a failed turn", e) from e
-        session.epoch, session.revoke_from = session.epoch + 1, None
+        ledger.epoch, ledger.revoke_from = ledger.epoch + 1, None

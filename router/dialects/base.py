@@ -14,6 +14,7 @@ from typing import Protocol
 from fastapi import Request
 from fastapi.responses import Response
 
+from slimeish.router.engine_api import EngineChunks
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.openai_bodies import json_response
@@ -33,8 +34,6 @@ from slimeish.router.sessions import Session
 from slimeish.router.state import RouterState
 from slimeish.router.streaming import StreamedTurn
 from slimeish.router.turns import Generation
-
-EngineChunks = AsyncIterator[tuple[JSONObject, str]]  # (SGLang's cumulative chunk, the engine's url)
 
 
 class DialectTurn(Protocol):

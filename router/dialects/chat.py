@@ -8,7 +8,8 @@ from typing import Any
 
 from slimeish.common.finish import openai_finish_reason
 from slimeish.router import openai_bodies as R
-from slimeish.router.dialects.base import EngineChunks, endpoint
+from slimeish.router.dialects.base import endpoint
+from slimeish.router.engine_api import EngineChunks
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject, TokenLogprob
 from slimeish.router.pipeline import Conversation, PlannedTurn, assistant_message, parse
@@ -83,7 +84,7 @@ chat_completions = endpoint(Chat())
 
 
 async def chat_events(
-    chunks: AsyncIterator[tuple[JSONObject, str]],
+    chunks: EngineChunks,
     head: JSONObject,
     replies: ReplyStream,
     to_message: Callable[[Generation], JSONObject],

@@ -26,9 +26,10 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, Va
 from pydantic.alias_generators import to_camel
 
 from slimeish.router import openai_bodies as R
-from slimeish.router.dialects.base import Endpoint, EngineChunks, endpoint
+from slimeish.router.dialects.base import Endpoint, endpoint
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.tools import JSONSchema, chat_tools, tool_choice
+from slimeish.router.engine_api import EngineChunks
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import Conversation, InFlight, PlannedTurn, assistant_message, parse, serve_turn

@@ -47,7 +47,7 @@ def convert(
 ) -> list[JSONObject]:
     """`raw` as chat messages, reusing the session's previous conversion when `raw` extends it
     (and the dialect says the item at the cut starts a message of its own: `resumable`)."""
-    cache = session.converted.get(dialect) if session else None
+    cache = session.memory.converted.get(dialect) if session else None
     dumped = orjson.dumps(raw)
     if cache is not None and cache.extended_by(raw, dumped) and resumable(raw, cache.count):
         new, calls = converter(raw, cache.count, cache.calls)
@@ -56,5 +56,5 @@ def convert(
         messages, calls = converter(raw, 0, frozenset())
         done = Converted(len(raw), dumped, messages, calls)
     if session is not None:
-        session.converted[dialect] = done
+        session.memory.converted[dialect] = done
     return done.messages

@@ -25,9 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slimeish.router import history as H
 from slimeish.router import openai_bodies as R
-from slimeish.router.dialects.base import EngineChunks, endpoint
+from slimeish.router.dialects.base import endpoint
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.tools import chat_tools, joined_text, served_tools, tool_choice
+from slimeish.router.engine_api import EngineChunks
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
@@ -151,7 +152,7 @@ def conversation(state: RouterState, req: MessagesRequest, session: Session | No
         top_k=req.top_k,
         stop=req.stop_sequences,
     )
-    session_id = session.session_id if session else ""
+    session_id = session.identity.session_id if session else ""
     converter = partial(_converted, lambda ref, text: state.signer.verify(session_id, ref, text))
     messages = [*_system(req), *convert(session, "messages", req.messages, converter)]
     return Conversation(messages, _chat_tools(req), sampling, req.max_tokens, _tool_choice(req))
@@ -360,7 +361,7 @@ class Messages:
     def turn(self, state: RouterState, session: Session | None, body: JSONObject) -> MessagesTurn:
         req = parse(MessagesRequest, _served(body))
         message_id = R.new_id("msg_")
-        session_id = session.session_id if session else ""
+        session_id = session.identity.session_id if session else ""
         sign: Signer = lambda text: state.signer.sign(session_id, message_id, text)  # noqa: E731
         return MessagesTurn(req, conversation(state, req, session), message_id, sign)
 
@@ -370,7 +371,7 @@ messages = endpoint(Messages())
 
 async def message_events(
     state: RouterState,
-    chunks: AsyncIterator[tuple[JSONObject, str]],
+    chunks: EngineChunks,
     planned: PlannedTurn,
     head: JSONObject,
     sign: Signer,

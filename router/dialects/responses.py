@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 
 from slimeish.router import history as H
 from slimeish.router import openai_bodies as R
-from slimeish.router.dialects.base import EngineChunks, endpoint
+from slimeish.router.dialects.base import endpoint
 from slimeish.router.dialects.incremental import convert
 from slimeish.router.dialects.responses_output import (
     CUSTOM_INPUT,
@@ -37,6 +37,7 @@ from slimeish.router.dialects.responses_output import (
     response_events,
 )
 from slimeish.router.dialects.tools import chat_tools, joined_text, served_tools, tool_choice
+from slimeish.router.engine_api import EngineChunks
 from slimeish.router.errors import APIError, from_validation_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import (
@@ -296,7 +297,7 @@ def history(session: Session | None, req: ResponsesRequest) -> list[JSONObject]:
     """The conversation before this request's items: the stored response it continues, if any."""
     if req.previous_response_id is None:
         return []
-    stored = session.responses.get(req.previous_response_id) if session else None
+    stored = session.memory.responses.get(req.previous_response_id) if session else None
     if stored is None:
         raise APIError(
             400,
@@ -310,7 +311,7 @@ def history(session: Session | None, req: ResponsesRequest) -> list[JSONObject]:
 
 def stored_response(session: Session | None, response_id: str) -> bytes:
     """The body of a response the session stored: 404 in OpenAI's shape for any other id."""
-    stored = session.responses.get(response_id) if session else None
+    stored = session.memory.responses.get(response_id) if session else None
     if stored is None:
         raise APIError(404, f"No response found with id {response_id!r} in this session.", param="response_id")
     return stored.body
@@ -322,7 +323,7 @@ def chat_messages(
     """The input as chat messages after `before` (whose calls a function_call_output may answer)."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
-    session_id = session.session_id if session else ""
+    session_id = session.identity.session_id if session else ""
     converter = partial(_converted, lambda ref, text: state.signer.verify(session_id, ref, text))
     if before:
         return converter(raw, 0, frozenset(c["id"] for m in before for c in m.get("tool_calls") or ()))[0]
@@ -416,7 +417,7 @@ def conversation(
 
 def _signer(state: RouterState, session: Session | None, response_id: str) -> Callable[[str], str]:
     """The `encrypted_content` of this response's reasoning: a reference the router recognises."""
-    session_id = session.session_id if session else ""
+    session_id = session.identity.session_id if session else ""
     return lambda text: state.signer.sign(session_id, response_id, text)
 
 
@@ -486,7 +487,9 @@ class ResponsesTurn:
     def recorded(self, body: JSONObject, answers: list[JSONObject]) -> None:
         """With `store`, the session keeps the response for `previous_response_id` and GET."""
         if self.session is not None and self.req.store:
-            self.session.responses[self.shell["id"]] = StoredResponse([*self.kept, answers[0]], orjson.dumps(body))
+            self.session.memory.responses[self.shell["id"]] = StoredResponse(
+                [*self.kept, answers[0]], orjson.dumps(body)
+            )
 
 
 class Responses:

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from slimeish.router import openai_bodies as R
+from slimeish.router.engine_api import EngineChunks
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import PlannedTurn, assistant_message
 from slimeish.router.state import RouterState
@@ -120,7 +121,7 @@ class Events:
 
 async def response_events(
     state: RouterState,
-    chunks: AsyncIterator[tuple[JSONObject, str]],
+    chunks: EngineChunks,
     planned: PlannedTurn,
     shell: JSONObject,
     result: StreamedTurn,

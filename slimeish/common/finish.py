@@ -7,6 +7,7 @@ in OpenAI's words and the rollout side records a `Sample.Status`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from slimeish.common.sample import Status
@@ -17,7 +18,7 @@ OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
 _STATUS: dict[str, Status] = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
-def finish_type(meta_info: dict[str, Any]) -> str | None:
+def finish_type(meta_info: Mapping[str, Any]) -> str | None:
     """The `type` of an SGLang `meta_info.finish_reason` (None while a stream is still running)."""
     reason = meta_info.get("finish_reason")
     return reason.get("type") if isinstance(reason, dict) else None

@@ -11,6 +11,7 @@ import pytest
 from slimeish.router.dialects import messages as M
 from slimeish.router.dialects import responses as R
 from slimeish.router.dialects.incremental import Converted, convert
+from slimeish.router.sessions import DialectMemory
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}
 TURNS = [
@@ -35,7 +36,7 @@ verified = partial(R._converted, lambda reference, text: True)
 
 @pytest.mark.parametrize("turns", [TURNS, WITH_REASONING], ids=["items", "with-reasoning"])
 def test_responses_items_converted_incrementally_equal_a_full_conversion(turns):
-    session = SimpleNamespace(converted={})
+    session = SimpleNamespace(memory=DialectMemory())
     for raw in turns:
         full, _ = verified(raw, 0, frozenset())
         assert convert(session, "responses", raw, verified, R._resumable) == full  # type: ignore[arg-type]
@@ -50,7 +51,7 @@ def test_an_episode_of_messages_and_calls_is_converted_incrementally():
     again, which made a Responses turn's CPU and garbage grow with the episode)."""
     reply, user = {"type": "message", "role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}
     output = {"type": "function_call_output", "call_id": "c1", "output": "3"}
-    session, raw, first = SimpleNamespace(converted={}), [{"role": "user", "content": "hi"}], None
+    session, raw, first = SimpleNamespace(memory=DialectMemory()), [{"role": "user", "content": "hi"}], None
     for tail in ([reply, user], [CALL, output], [reply, CALL, output], [reply, user]):
         raw = [*raw, *tail]
         messages = convert(session, "responses", raw, verified, R._resumable)  # type: ignore[arg-type]
@@ -79,8 +80,8 @@ def test_messages_converted_incrementally_equal_a_full_conversion_and_check_only
     use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}}]}
     result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}
     raw = [{"role": "user", "content": "hi"}, use, result]
-    session = SimpleNamespace(converted={})
+    session = SimpleNamespace(memory=DialectMemory())
     for n in range(1, len(raw) + 1):
         converter = partial(M._converted, lambda signature, text: True)
         assert convert(session, "messages", raw[:n], converter) == converter(raw[:n], 0, frozenset())[0]  # type: ignore[arg-type]
-    assert session.converted["messages"].calls == frozenset()
+    assert session.memory.converted["messages"].calls == frozenset()
