@@ -116,7 +116,10 @@ def episode(model_dir: Path, args, vocab: int) -> None:
         label: start_engine(model_dir, args.threads, "--max-total-tokens", pool, *flags)
         for label, flags in (("cache", []), ("no cache", ["--disable-radix-cache"]))
     }
-    rows = []
+    print(f"\n### {args.turns}-turn episode, +{args.turn_tokens} tokens a turn, {args.new_tokens} output tokens")
+    print("| turn | prompt tokens | cached_tokens (expected) | prefill with cache | without | ratio "
+          "| request with cache | without | ratio |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
     try:
         history: list[int] = []
         for turn in range(1, args.turns + 1):
@@ -124,21 +127,18 @@ def episode(model_dir: Path, args, vocab: int) -> None:
             prompt = history + [rng.randrange(10, vocab) for _ in range(args.turn_tokens)]
             order = list(engines) if turn % 2 else list(engines)[::-1]
             times = {label: stream(engines[label][1], prompt, args.new_tokens) for label in order}
-            out = times["cache"][0]
-            rows.append((turn, len(prompt), out["meta_info"]["cached_tokens"], shared - shared % PAGE, times))
+            (out, p_hit, t_hit), (_, p_miss, t_miss) = times["cache"], times["no cache"]
+            cached, expected = out["meta_info"]["cached_tokens"], shared - shared % PAGE
+            print(
+                f"| {turn} | {len(prompt)} | {cached} ({expected}) | {p_hit:.2f} s | {p_miss:.2f} s "
+                f"| {p_hit / p_miss:.3f} | {t_hit:.2f} s | {t_miss:.2f} s | {t_hit / t_miss:.3f} |",
+                flush=True,
+            )
             history = prompt + out["output_ids"]
     finally:
         for proc, client in engines.values():
             client.close()
             proc.stop()
-    print(f"\n### {args.turns}-turn episode, +{args.turn_tokens} tokens a turn, {args.new_tokens} output tokens")
-    print("| turn | prompt tokens | cached_tokens (expected) | prefill with cache | without | ratio "
-          "| request with cache | without | ratio |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for turn, n, cached, expected, times in rows:
-        (_, p_hit, t_hit), (_, p_miss, t_miss) = times["cache"], times["no cache"]
-        print(f"| {turn} | {n} | {cached} ({expected}) | {p_hit:.2f} s | {p_miss:.2f} s | {p_hit / p_miss:.3f} "
-              f"| {t_hit:.2f} s | {t_miss:.2f} s | {t_hit / t_miss:.3f} |")  # fmt: skip
 
 
 def main() -> None:
