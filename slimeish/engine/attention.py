@@ -1,18 +1,18 @@
-"""Attention for the embedded engine's forwards: one sequence's step without a mask.
+"""Attention for the embedded engine's forwards: a prefill chunk without a mask.
 
-A forward of one sequence (a prefill chunk, or a decode step with one sequence running) needs no
-mask at all: every key before the chunk is visible to every query, and within the chunk the
-visibility is the plain causal triangle. So attention runs as two kernels, merged exactly through
-their log-sum-exps: the chunk's queries against the keys before it (no mask), and against the
-chunk's own keys (`is_causal`, which skips the blocks above the diagonal). With an additive mask
-`[chunk, kv_len]` the same step built the mask (~20 % of a cached turn's prefill in a profile:
-fill, compare, masked_fill over chunk x kv_len floats) and the kernel read it in every layer and
-head; without it a 1,504-token chunk after 28,800 cached tokens took half the time (0.55 s
-against 1.2 s a layer, one thread).
+A forward of one sequence's prompt chunk needs no mask at all: every key before the chunk is
+visible to every query, and within the chunk the visibility is the plain causal triangle. So
+attention runs as two kernels, merged exactly through their log-sum-exps: the chunk's queries
+against the keys before it (no mask), and against the chunk's own keys (`is_causal`, which skips
+the blocks above the diagonal). With an additive mask `[chunk, kv_len]` the same step built the
+mask (~20 % of a cached turn's prefill in a profile: fill, compare, masked_fill over chunk x
+kv_len floats) and the kernel read it in every layer and head; without it a 1,504-token chunk
+after 28,800 cached tokens took half the time (0.55 s against 1.2 s a layer, one thread).
 
-The split kernel is PyTorch's CPU flash attention, which returns the log-sum-exp. Forwards of
-several sequences (a decode batch of unequal lengths), and every forward on other devices, keep
-the additive mask and Hugging Face's SDPA path.
+The split kernel is PyTorch's CPU flash attention, which returns the log-sum-exp. Decode steps
+(their mask is one row per sequence, cheaper than the split's extra small ops: c=1 throughput fell
+~10 % with them split too), and every forward on other devices, keep the additive mask and Hugging
+Face's SDPA path.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ ATTN_IMPLEMENTATION = "slimeish_paged"
 
 @dataclass(frozen=True, slots=True)
 class ChunkSpan:
-    """Passed to the layers as their `attention_mask` for a one-sequence forward: the queries
+    """Passed to the layers as their `attention_mask` for a prefill chunk: the queries
     are positions `start .. end-1`, and the keys they see are positions `0 .. end-1`."""
 
     start: int

@@ -10,9 +10,9 @@ Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint works unchanged. Two things are our
   the tokens actually held, not with rows x context, and pages can be shared (the prefix cache).
 * The attention mask is built here, once per forward, and handed to every layer: a key position is
   visible to a query iff it is at or before the query's own position. It is `[n, 1, queries,
-  keys]`: one token per decoding sequence, never a whole prompt squared. A forward of one sequence
-  on CPU (a prefill chunk) has no mask: `attention.ChunkSpan` tells the layers where the chunk
-  starts, and `attention.paged_attention` needs nothing more.
+  keys]`: one token per decoding sequence, never a whole prompt squared. A prefill chunk on CPU
+  has no mask: `attention.ChunkSpan` tells the layers where the chunk starts, and
+  `attention.paged_attention` needs nothing more.
 """
 
 from __future__ import annotations
@@ -149,8 +149,10 @@ class ModelRunner:
         if self.routes is not None:
             self.routes.write = self.cache.write
         mask: torch.Tensor | ChunkSpan
-        if len(tokens) == 1 and self.device.type == "cpu":
-            mask = ChunkSpan(starts[0], starts[0] + width)  # one sequence: no mask (see `attention`)
+        if len(tokens) == 1 and width > 1 and self.device.type == "cpu":
+            # a prefill chunk: no mask (see `attention`); a decode step's mask is one row, and the
+            # split's extra small ops cost more than it there
+            mask = ChunkSpan(starts[0], starts[0] + width)
         else:
             # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
             # Additive, built once: SDPA would otherwise turn a boolean mask into this in every layer.
