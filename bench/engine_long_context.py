@@ -7,9 +7,12 @@
    fit), in this process.
 2. Episode: `--turns` turns, each prompt the previous prompt plus the previous output plus
    `--turn-tokens` new tokens (growing to ~60k), sent to an engine with the prefix cache and to one
-   with `--disable-radix-cache`. Reports each turn's time on both, their ratio, and whether
-   `cached_tokens` equals the shared prefix (the previous turn's prompt and output, less the last
-   output token, whose KV is never computed, rounded down to whole pages).
+   with `--disable-radix-cache`, both running at once and each turn sent to both back to back
+   (alternating which goes first), so a turn's two times share the machine's load. Reports each
+   turn's prefill time (the streamed request's time to its first token) and whole-request time on
+   both, their ratios, and whether `cached_tokens` equals the shared prefix (the previous turn's
+   prompt and output, less the last output token, whose KV is never computed, rounded down to
+   whole pages).
 
 Both engines and HF use `--threads` torch threads. Run by hand (not part of the tests):
     .venv/bin/python bench/engine_long_context.py
@@ -19,6 +22,7 @@ Both engines and HF use `--threads` torch threads. Run by hand (not part of the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import tempfile
@@ -53,12 +57,24 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def generate(client: httpx.Client, prompt: list[int], new_tokens: int) -> tuple[dict, float]:
+    out, _, seconds = stream(client, prompt, new_tokens)
+    return out, seconds
+
+
+def stream(client: httpx.Client, prompt: list[int], new_tokens: int) -> tuple[dict, float, float]:
+    """The streamed request's last chunk, its time to the first chunk (the prefill and the first
+    token's sampling) and its whole time."""
     params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
-    body = {"input_ids": prompt, "sampling_params": params}
+    body = {"input_ids": prompt, "sampling_params": params, "stream": True}
     start = time.perf_counter()
-    r = client.post("/generate", json=body)
-    assert r.status_code == 200, r.text
-    return r.json(), time.perf_counter() - start
+    first, last = 0.0, ""
+    with client.stream("POST", "/generate", json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                first = first or time.perf_counter() - start
+                last = line
+    return json.loads(last[len("data: ") :]), first, time.perf_counter() - start
 
 
 @torch.inference_mode()
@@ -96,29 +112,33 @@ def long_prompt(model_dir: Path, args, vocab: int) -> None:
 def episode(model_dir: Path, args, vocab: int) -> None:
     rng = random.Random(args.seed + 1)
     pool = str(args.turns * (args.turn_tokens + args.new_tokens) + 4096)
-    runs = {}
-    for label, flags in (("cache", []), ("no cache", ["--disable-radix-cache"])):
-        proc, client = start_engine(model_dir, args.threads, "--max-total-tokens", pool, *flags)
-        try:
-            history: list[int] = []
-            rows = []
-            turn_rng = random.Random(rng.random())  # the same new tokens for both engines
-            for _ in range(args.turns):
-                shared = len(history) - 1 if history else 0  # the last output token has no KV yet
-                prompt = history + [turn_rng.randrange(10, vocab) for _ in range(args.turn_tokens)]
-                out, seconds = generate(client, prompt, args.new_tokens)
-                rows.append((len(prompt), out["meta_info"]["cached_tokens"], shared - shared % PAGE, seconds))
-                history = prompt + out["output_ids"]
-            runs[label] = rows
-        finally:
+    engines = {
+        label: start_engine(model_dir, args.threads, "--max-total-tokens", pool, *flags)
+        for label, flags in (("cache", []), ("no cache", ["--disable-radix-cache"]))
+    }
+    print(f"\n### {args.turns}-turn episode, +{args.turn_tokens} tokens a turn, {args.new_tokens} output tokens")
+    print("| turn | prompt tokens | cached_tokens (expected) | prefill with cache | without | ratio "
+          "| request with cache | without | ratio |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    try:
+        history: list[int] = []
+        for turn in range(1, args.turns + 1):
+            shared = len(history) - 1 if history else 0  # the last output token has no KV yet
+            prompt = history + [rng.randrange(10, vocab) for _ in range(args.turn_tokens)]
+            order = list(engines) if turn % 2 else list(engines)[::-1]
+            times = {label: stream(engines[label][1], prompt, args.new_tokens) for label in order}
+            (out, p_hit, t_hit), (_, p_miss, t_miss) = times["cache"], times["no cache"]
+            cached, expected = out["meta_info"]["cached_tokens"], shared - shared % PAGE
+            print(
+                f"| {turn} | {len(prompt)} | {cached} ({expected}) | {p_hit:.2f} s | {p_miss:.2f} s "
+                f"| {p_hit / p_miss:.3f} | {t_hit:.2f} s | {t_miss:.2f} s | {t_hit / t_miss:.3f} |",
+                flush=True,
+            )
+            history = prompt + out["output_ids"]
+    finally:
+        for proc, client in engines.values():
             client.close()
             proc.stop()
-    print(f"\n### {args.turns}-turn episode, +{args.turn_tokens} tokens a turn, {args.new_tokens} output tokens")
-    print("| turn | prompt tokens | cached_tokens (expected) | with cache | without | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for turn, (hit, miss) in enumerate(zip(runs["cache"], runs["no cache"], strict=True), 1):
-        n, cached, expected, t_hit = hit
-        print(f"| {turn} | {n} | {cached} ({expected}) | {t_hit:.2f} s | {miss[3]:.2f} s | {t_hit / miss[3]:.3f} |")
 
 
 def main() -> None:

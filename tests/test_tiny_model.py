@@ -1,10 +1,15 @@
 """The tiny models load through the ordinary `from_pretrained` path and their template is complete."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from slimeish.models.tiny import TinyModelConfig, build_tokenizer
+
+REFERENCE_TOKENIZER = Path(__file__).parent / "data/claude-legacy-tokenizer/tokenizer.json"
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
 CONVERSATION = [
@@ -78,3 +83,24 @@ def test_ensure_tiny_model_reuses_an_existing_model(tmp_path):
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert ensure_tiny_model(tmp_path / "m") == out
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp  # not rebuilt
+
+
+def _harness_system_prompt() -> str:
+    """Claude Code's recorded system prompt and tool list: English prose, JSON schemas, code and
+    shell in the tools' descriptions."""
+    request = json.loads((Path(__file__).parent / "programs/requests/claude-code-2.1.332.json").read_text())
+    return "\n".join(block["text"] for block in request["system"]) + "\n" + json.dumps(request["tools"], indent=2)
+
+
+def test_realistic_tokenizer_counts_tokens_like_a_real_model():
+    """Tokens per character within 1.3x of a real family's tokenizer (the legacy Claude tokenizer,
+    see tests/data/claude-legacy-tokenizer), where the default synthetic one is over 2x."""
+    from tokenizers import Tokenizer
+
+    text = _harness_system_prompt()
+    reference = len(Tokenizer.from_file(str(REFERENCE_TOKENIZER)).encode(text).ids)
+    realistic = build_tokenizer(TinyModelConfig(tokenizer="realistic"))
+    assert len(realistic) == 16384
+    ratio = len(realistic.encode(text)) / reference
+    assert 0.8 < ratio < 1.3, f"{len(realistic.encode(text))} tokens vs the reference's {reference}"
+    assert len(build_tokenizer(TinyModelConfig()).encode(text)) > 2 * reference

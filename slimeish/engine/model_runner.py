@@ -10,7 +10,9 @@ Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint works unchanged. Two things are our
   the tokens actually held, not with rows x context, and pages can be shared (the prefix cache).
 * The attention mask is built here, once per forward, and handed to every layer: a key position is
   visible to a query iff it is at or before the query's own position. It is `[n, 1, queries,
-  keys]`: one prompt chunk, or one token per decoding sequence, never a whole prompt squared.
+  keys]`: one token per decoding sequence, never a whole prompt squared. A prefill chunk on CPU
+  has no mask: `attention.ChunkSpan` tells the layers where the chunk starts, and
+  `attention.paged_attention` needs nothing more.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from slimeish.engine.attention import ATTN_IMPLEMENTATION, ChunkSpan
 from slimeish.engine.lora import LoraServing
 from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
 
@@ -151,11 +154,17 @@ class ModelRunner:
         self.cache._set_step(write.flatten(), table)
         if self.routes is not None:
             self.routes.write = self.cache.write
-        # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
-        # Additive, built once: SDPA would otherwise turn a boolean mask into this in every layer.
-        masked = (torch.arange(kv_len, device=self.device) > positions[:, :, None])[:, None]
-        mask = torch.zeros(masked.shape, dtype=self.model.dtype, device=self.device)
-        mask.masked_fill_(masked, torch.finfo(mask.dtype).min)
+        mask: torch.Tensor | ChunkSpan
+        if len(tokens) == 1 and width > 1 and self.device.type == "cpu":
+            # a prefill chunk: no mask (see `attention`); a decode step's mask is one row, and the
+            # split's extra small ops cost more than it there
+            mask = ChunkSpan(starts[0], starts[0] + width)
+        else:
+            # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
+            # Additive, built once: SDPA would otherwise turn a boolean mask into this in every layer.
+            masked = (torch.arange(kv_len, device=self.device) > positions[:, :, None])[:, None]
+            mask = torch.zeros(masked.shape, dtype=self.model.dtype, device=self.device)
+            mask.masked_fill_(masked, torch.finfo(mask.dtype).min)
         # The decoder stack driven directly (as `model.model.forward` does), minus its per-call
         # mask building and output bookkeeping, which cost more than the layers for small models.
         inner = self.model.model
@@ -231,7 +240,7 @@ class ModelRunner:
 
 def _load_model(model_path: str, device: torch.device, dtype: str):
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, attn_implementation=ATTN_IMPLEMENTATION)
     if dtype == "auto" and device.type == "cpu" and model.dtype in (torch.float16, torch.bfloat16):
         model = model.float()  # half-precision matmuls on CPU are slow and less exact
     # transformers wraps `to` with functools.wraps, whose stub does not bind `self`

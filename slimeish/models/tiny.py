@@ -1,7 +1,9 @@
 """Build tiny causal LMs and tokenizers in Hugging Face format, offline.
 
 No model hub is reachable from CI or the demo machine, so slimeish makes its own checkpoints:
-a byte-level BPE tokenizer trained (with the `tokenizers` library) on a small synthetic corpus,
+a byte-level BPE tokenizer trained (with the `tokenizers` library) on a small synthetic corpus
+(`--tokenizer realistic`: also on the Python standard library's sources and docs, for token counts
+near a real model's on agent prompts),
 the chat template and special tokens of a model family (`--family`: slimeish's ChatML/Hermes
 template, Qwen3's own with reasoning, Qwen3-Coder's own with XML calls, GLM-4.5's own with
 reasoning and <arg_key>/<arg_value> calls, Llama 3.2's own with JSON calls, DeepSeek-V3-0324's own
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -113,7 +116,15 @@ _WORDS = (
 class TinyModelConfig:
     family: Family = help_field("chatml", help="chat format: its template and special tokens (the router's renderer)")
     arch: Arch | None = help_field(None, help="architecture (Hugging Face classes; default: the family's)")
-    vocab_size: int = help_field(1024, help="BPE vocabulary size, special tokens included")
+    tokenizer: Literal["synthetic", "realistic"] = help_field(
+        "synthetic",
+        help="BPE training text: synthetic (toy words, chat markup and tools: short vocabulary, fast tests) or "
+        "realistic (also the Python standard library's sources and language reference: token counts on agent "
+        "prompts near a real model's)",
+    )
+    vocab_size: int | None = help_field(
+        None, help="BPE vocabulary size, special tokens included (default: 1024 synthetic, 16384 realistic)"
+    )
     hidden_size: int = help_field(64, help="model width")
     intermediate_size: int = help_field(176, help="MLP width")
     num_layers: int = help_field(2, help="transformer layers")
@@ -153,6 +164,30 @@ def _synthetic_corpus(seed: int, family: str, n_lines: int = 4000) -> list[str]:
     return lines
 
 
+# The realistic tokenizer's extra training text: what is on every machine that runs slimeish. The
+# standard library's modules are code with English docstrings and comments; pydoc's topics are the
+# language reference in prose. 6 MB: tokens per character on agent prompts barely moved past it.
+_REALISTIC_CORPUS_CHARS = 6_000_000
+_REALISTIC_VOCAB = 16384  # tokens/char on the harness prompts: 1.14-1.20x a 65k-vocab tokenizer's (32k: 1.10-1.16x)
+
+
+def _realistic_corpus() -> list[str]:
+    """Prose, code and docs from the local Python standard library (tests and site-packages left
+    out), in a fixed order, up to `_REALISTIC_CORPUS_CHARS` characters."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [root / "pydoc_data" / "topics.py", *sorted(root.glob("*.py")), *sorted(root.glob("*/*.py"))]
+    texts, size = [], 0
+    for path in files:
+        if path.parent.name in ("site-packages", "test", "tests") or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        size += len(text)
+        if size >= _REALISTIC_CORPUS_CHARS:
+            break
+    return texts
+
+
 def _random_tool(rng: random.Random) -> dict:
     names = rng.sample(_WORDS, rng.randint(1, 3))
     kinds = ["integer", "number", "string", "boolean"]
@@ -186,13 +221,16 @@ def build_tokenizer(cfg: TinyModelConfig):  # -> PreTrainedTokenizerFast
     )
     tok.decoder = decoders.ByteLevel()
     tokens = TOKENS[cfg.family]
+    realistic = cfg.tokenizer == "realistic"
+    vocab_size = cfg.vocab_size or (_REALISTIC_VOCAB if realistic else 1024)
     trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size - len(tokens.markup),
+        vocab_size=vocab_size - len(tokens.markup),
         special_tokens=tokens.special,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_synthetic_corpus(cfg.seed, cfg.family), trainer=trainer)
+    corpus = _synthetic_corpus(cfg.seed, cfg.family) + (_realistic_corpus() if realistic else [])
+    tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=tokens.eos,
