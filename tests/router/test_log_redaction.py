@@ -45,6 +45,6 @@ def test_a_router_served_in_process_masks_what_it_logs(tiny_model, caplog):
     # an access record keeps its five arguments: uvicorn's access formatter (set up by any test that
     # served uvicorn's default logging before this one) unpacks them
     path = f"/s/{key}/v1/chat/completions"
-    logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "POST", path, "1.1", 200)
+    logging.getLogger("uvicorn.access").warning('%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "POST", path, "1.1", 200)
     assert len(caplog.records) == 4
     assert key not in caplog.text and "/s/<redacted>/v1/chat/completions" in caplog.text
