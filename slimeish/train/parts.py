@@ -87,8 +87,9 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
             # Before any rollout the engines serve the trainer's version: a resumed run's, or a fresh
             # one's where long-lived engines still serve an earlier run's (whose higher version would
             # make every token look stale). Engines started from --model-path already do, and a sync
-            # on disk or NCCL would export the whole model for nothing.
-            if not await asyncio.to_thread(sync.serves, trainer.weight_version):
+            # on disk or NCCL would export the whole model for nothing. A LoRA run's adapter is on
+            # no engine yet, and every turn asks for it: it is always loaded first (a few MB).
+            if trainer.lora is not None or not await asyncio.to_thread(sync.serves, trainer.weight_version):
                 await asyncio.to_thread(sync.sync, trainer)
             path = setup.rollout.dynamic_sampling_filter_path
             dynamic_filter = DynamicFilter(path, args) if path else None

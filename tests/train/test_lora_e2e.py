@@ -1,0 +1,34 @@
+"""`slimeish train --lora-rank`: the engines sample with the trainer's adapter from the first turn
+(loaded before any rollout, then pushed alone after each step), unmerged, so the engine's log-probs
+are the trainer's."""
+
+from __future__ import annotations
+
+import pytest
+
+from slimeish.buffer import EmbeddedServer
+from tests.train.test_train_e2e import metrics, run_train, train_argv
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory):
+    with EmbeddedServer(tmp_path_factory.mktemp("valkey-lora")) as server:
+        yield server
+
+
+def test_three_lora_steps_through_the_router(tiny_model, prompts, valkey, tmp_path):
+    run_dir = tmp_path / "lora"
+    argv = train_argv(
+        tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--lora-rank", "8",
+        "--rollout-function-path", "slimeish.rollout_functions.openai_agent.generate_rollout",
+        "--agent-function-path", "tests.train.reference_plugins.two_turn_chat_agent",
+    )  # fmt: skip
+    run_train(argv, tmp_path / "lora.log")
+    steps = [r for r in metrics(run_dir) if "train/loss" in r]
+    assert [r["step"] for r in steps] == [0, 1, 2]
+    for r in steps:
+        # the engine sampled with the adapter the trainer had: without it the gap is the adapter's effect
+        assert r["train/rollout_logprob_abs_diff_max"] <= 1e-4, r
+        assert r["train/weight_version"] == r["step"] + 1
