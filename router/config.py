@@ -32,7 +32,8 @@ class RouterConfig:
     lora_path: str | None = help_field(
         None,
         help="LoRA runs: every generation asks the engines for this loaded LoRA adapter (SGLang's lora_path; "
-        "`slimeish train` sets it to --lora-name when --lora-rank > 0) (default: None: the base weights)",
+        "`slimeish train --lora-rank` sets it to `policy`, the name its weight sync loads the adapter under) "
+        "(default: None: the base weights)",
     )
     buffer_url: str | None = help_field(None, help="redis:// URL of the data buffer; without it turns stay in memory")
     run_id: str = help_field("default", help="run id under which the buffer stores this run")
