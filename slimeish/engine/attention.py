@@ -64,7 +64,8 @@ def paged_attention(
         past, past_lse = past.reshape(n, heads, width, dim), past_lse.reshape(n, heads, width)
         total = torch.logaddexp(lse, past_lse)
         out = out * (lse - total).exp()[..., None] + past * (past_lse - total).exp()[..., None]
-    return out.transpose(1, 2), None
+    # the log-sum-exps are float32: a half-precision model's output must keep its own dtype
+    return out.to(query.dtype).transpose(1, 2), None
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

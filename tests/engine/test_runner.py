@@ -55,6 +55,19 @@ def check_continuous_batch(path, device: str) -> None:
         assert (torch.tensor(seq.logprobs) - expected).abs().max().item() <= 1e-4
 
 
+def test_a_bfloat16_prompt_longer_than_a_chunk_is_served(tiny_model):
+    """A chunk after the first attends to the keys before it through a second kernel call whose
+    log-sum-exps are float32: the merged output keeps the model's half precision (o_proj takes it)."""
+    sched = make_scheduler(tiny_model, dtype="bfloat16", chunk_size=8, max_prefill_tokens=8)
+    done = []
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    req = SequenceRequest("long", 0, list(range(3, 30)), params, 0, True, False, 4)
+    sched.submit(req, lambda s: s.finished and done.append(s))
+    while not sched.idle:
+        sched.step()
+    assert len(done) == 1 and len(done[0].output_ids) == 4 and all(lp <= 0 for lp in done[0].logprobs)
+
+
 def make_request(rid: str, n: int) -> SequenceRequest:
     params = SamplingParams(max_new_tokens=n, ignore_eos=True)
     return SequenceRequest(rid, 0, [5, 6, 7], params, None, False, False, n)
