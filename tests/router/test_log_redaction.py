@@ -32,19 +32,40 @@ def test_session_keys_are_masked_in_the_access_log_and_errors(tiny_model, engine
     assert '"GET /s/<redacted>/v1/nowhere HTTP/1.1" 404' in text, text
 
 
-def test_a_router_served_in_process_masks_what_it_logs(tiny_model, caplog):
+class Kept(logging.Handler):
+    """The lines a logger's own handler writes (a test's: the log config an earlier test installed,
+    `propagate=False` on `slimeish` or `uvicorn`, keeps records from pytest's root-level capture)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(logging.Formatter().format(record))
+
+
+def test_a_router_served_in_process_masks_what_it_logs(tiny_model):
     """`create_app` masks the router's loggers themselves: an app served by a test's server or an
     embedding program (no `slimeish router` log config) logs no key either, tracebacks included."""
     create_app(RouterConfig(model=tiny_model, engine=[]))
     key = "sk-slimeish-" + "k" * 43
-    for name in ("slimeish.router.errors", "slimeish.router.engine_pool", "uvicorn.error"):
-        try:
-            raise RuntimeError(f"POST http://r/s/{key}/v1/chat/completions failed")
-        except RuntimeError as e:
-            logging.getLogger(name).error("internal error on POST /s/%s/v1/chat/completions: %s", key, e, exc_info=e)
-    # an access record keeps its five arguments: uvicorn's access formatter (set up by any test that
-    # served uvicorn's default logging before this one) unpacks them
-    path = f"/s/{key}/v1/chat/completions"
-    logging.getLogger("uvicorn.access").warning('%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "POST", path, "1.1", 200)
-    assert len(caplog.records) == 4
-    assert key not in caplog.text and "/s/<redacted>/v1/chat/completions" in caplog.text
+    kept = Kept()
+    names = ("slimeish.router.errors", "slimeish.router.engine_pool", "uvicorn.error", "uvicorn.access")
+    for name in names:
+        logging.getLogger(name).addHandler(kept)
+    try:
+        for name in names[:3]:
+            try:
+                raise RuntimeError(f"POST http://r/s/{key}/v1/chat/completions failed")
+            except RuntimeError as e:
+                message = "internal error on POST /s/%s/v1/chat/completions: %s"
+                logging.getLogger(name).error(message, key, e, exc_info=e)
+        # an access record keeps its five arguments: uvicorn's access formatter unpacks them
+        path = f"/s/{key}/v1/chat/completions"
+        logging.getLogger("uvicorn.access").warning('%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "POST", path, "1.1", 200)
+    finally:
+        for name in names:
+            logging.getLogger(name).removeHandler(kept)
+    text = "\n".join(kept.lines)
+    assert len(kept.lines) == 4, text
+    assert key not in text and text.count("/s/<redacted>/v1/chat/completions") >= 4, text
