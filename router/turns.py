@@ -137,7 +137,9 @@ class TurnRunner:
             request["return_routed_experts"] = True
         if self.lora_path is not None:
             request["lora_path"] = self.lora_path
-        return {**request, **extra}
+        # the router's own fields win: a token-in body's `lora_path: null` or `return_logprob: false`
+        # must not make the stored turn another policy's sample, or one without its log-probs
+        return {**extra, **request}
 
     def _move(self, session: Session, url: str) -> None:
         if session.finished is not None:  # finished while generating: it no longer counts anywhere
