@@ -149,6 +149,8 @@ class TrainSetup:
             self.data = dataclasses.replace(self.data, tokenizer_path=self.trainer.model_path)
         if self.slime.rm_type and not self.rollout.custom_rm_path:  # slime: --rm-type picks a built-in reward
             self.rollout = dataclasses.replace(self.rollout, custom_rm_path=ASYNC_RM_PATH)
+        if self.trainer.lora_rank and self.run.weight_sync == "distributed":  # refused now, not at the first sync
+            raise ValueError("--lora-rank pushes a PEFT adapter the engines load by path: --weight-sync tensor or disk")
 
     def configs(self) -> dict[str, Any]:
         """Each config by its group name (the plugin's last, when there is one)."""

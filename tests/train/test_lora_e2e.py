@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from slimeish.buffer import EmbeddedServer
+from slimeish.train.setup import parse_args
 from tests.train.test_train_e2e import metrics, run_train, train_argv
 
 pytestmark = pytest.mark.slow
@@ -32,3 +33,9 @@ def test_three_lora_steps_through_the_router(tiny_model, prompts, valkey, tmp_pa
         # the engine sampled with the adapter the trainer had: without it the gap is the adapter's effect
         assert r["train/rollout_logprob_abs_diff_max"] <= 1e-4, r
         assert r["train/weight_version"] == r["step"] + 1
+
+
+def test_a_lora_run_with_the_nccl_sync_is_refused_at_start():
+    argv = ["--prompt-data", "p.jsonl", "--model-path", "m", "--lora-rank", "8", "--weight-sync", "distributed"]
+    with pytest.raises(ValueError, match="--weight-sync tensor or disk"):
+        parse_args(argv)
