@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from slimeish.buffer import SessionInfo
 from slimeish.common.sample import Status
 from slimeish.router.capture import NEXT_TURN_PROMPT
-from slimeish.router.engine_pool import UPDATE_PATHS, refused_by_all
+from slimeish.router.engine_pool import UPDATE_PATHS, UpdatePath, refused_by_all
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import bearer_token, parse, read_json, request_key
@@ -225,7 +225,7 @@ async def remove_engine(state: AdminState, req: EngineBody) -> JSONObject:
 
 
 class RecordUpdate(BaseModel):
-    path: Literal["/update_weights_from_disk", "/update_weights_from_tensor", "/load_lora_adapter"]
+    path: UpdatePath
     body: JSONObject
 
 

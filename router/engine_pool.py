@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import aiohttp
 import orjson
@@ -128,7 +128,8 @@ class GenerationAborted(RuntimeError):
 
 
 # The engine calls that change the weights a version serves (a LoRA run's: its adapter's).
-UPDATE_PATHS = ("/update_weights_from_disk", "/update_weights_from_tensor", "/load_lora_adapter")
+UpdatePath = Literal["/update_weights_from_disk", "/update_weights_from_tensor", "/load_lora_adapter"]
+UPDATE_PATHS: tuple[str, ...] = get_args(UpdatePath)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
             # make every token look stale). Engines started from --model-path already do, and a sync
             # on disk or NCCL would export the whole model for nothing. A LoRA run's adapter is on
             # no engine yet, and every turn asks for it: it is always loaded first (a few MB).
-            if trainer.lora is not None or not await asyncio.to_thread(sync.serves, trainer.weight_version):
+            if setup.trainer.lora_rank or not await asyncio.to_thread(sync.serves, trainer.weight_version):
                 await asyncio.to_thread(sync.sync, trainer)
             path = setup.rollout.dynamic_sampling_filter_path
             dynamic_filter = DynamicFilter(path, args) if path else None
