@@ -28,6 +28,8 @@ UPDATE_LINE = "POST /update_weights_from_tensor"
 class Weights:
     """The tiny model's own weights under a version the test sets (a `SyncSource`)."""
 
+    lora = None  # a full fine-tuning run
+
     def __init__(self, model: Path):
         self.state = load_file(model / "model.safetensors")
         self.weight_version = 0

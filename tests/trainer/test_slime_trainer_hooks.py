@@ -150,6 +150,8 @@ def publish(args, version_dir, rollout_engines):
 
 def test_a_post_write_hook_sees_a_disk_syncs_files_before_the_engines_load_them(tmp_path):
     class Exporter:
+        lora = None  # a full fine-tuning run
+
         def export_hf(self, out_dir):
             Path(out_dir).mkdir(parents=True)
             (Path(out_dir) / "model.safetensors").write_text("")
