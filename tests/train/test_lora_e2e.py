@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from slimeish.buffer import EmbeddedServer
 from slimeish.train.setup import parse_args
 from tests.train.test_train_e2e import metrics, run_train, train_argv
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def valkey(tmp_path_factory):
-    with EmbeddedServer(tmp_path_factory.mktemp("valkey-lora")) as server:
-        yield server
 
 
 def test_three_lora_steps_through_the_router(tiny_model, prompts, valkey, tmp_path):

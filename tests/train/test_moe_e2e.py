@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from slimeish.buffer import EmbeddedServer
 from tests.train.test_train_e2e import metrics, run_train, train_argv
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def valkey(tmp_path_factory):
-    with EmbeddedServer(tmp_path_factory.mktemp("valkey-moe")) as server:
-        yield server
 
 
 def test_three_replayed_steps_through_the_router(tiny_model_factory, prompts, valkey, tmp_path):

@@ -5,17 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from slimeish.buffer import Buffer, BufferConfig, EmbeddedServer
+from slimeish.buffer import Buffer, BufferConfig
 from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.rollout import RolloutFnTrainOutput
 from slimeish.train.producer import RolloutProducer, sample_to_turns
-
-
-@pytest.fixture(scope="module")
-def valkey(tmp_path_factory):
-    with EmbeddedServer(tmp_path_factory.mktemp("valkey-producer")) as server:
-        yield server
 
 
 def test_each_run_of_sampled_tokens_is_one_turn():

@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from slimeish.buffer import Buffer, EmbeddedServer, SessionInfo
+from slimeish.buffer import Buffer, SessionInfo
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RECORD_FROM_RETURN
 from slimeish.rollout.router_sessions import RouterSessions, RouterUnavailable, SessionRef
@@ -98,12 +98,6 @@ async def test_only_the_sessions_it_opened_count_toward_its_balance(routers):
     await sessions.finish(opened[0], 1.0, Status.COMPLETED)
     assert sessions.open_on == {url_b: 0, url_a: 1}
     await sessions.client.aclose()
-
-
-@pytest.fixture(scope="module")
-def valkey(tmp_path_factory):
-    with EmbeddedServer(tmp_path_factory.mktemp("valkey-router-sessions")) as server:
-        yield server
 
 
 async def test_the_producer_records_a_left_open_session_and_finishes_it_on_its_router(routers, valkey):

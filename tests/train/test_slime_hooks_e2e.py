@@ -9,12 +9,12 @@ import pytest
 
 from slimeish.buffer import Buffer
 from slimeish.common.sample import Sample
-from tests.train.test_train_e2e import ledger, metrics, run_train, train_argv, valkey  # noqa: F401
+from tests.train.test_train_e2e import ledger, metrics, run_train, train_argv
 
 pytestmark = pytest.mark.slow
 
 
-def test_dynamic_filter_drops_zero_variance_groups_and_counts_them(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+def test_dynamic_filter_drops_zero_variance_groups_and_counts_them(tiny_model, prompts, valkey, tmp_path):
     run_dir = tmp_path / "filtered"
     argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "2")
     argv[argv.index("--custom-rm-path") + 1] = "tests.train.reference_plugins.even_groups_all_equal"
@@ -28,7 +28,7 @@ def test_dynamic_filter_drops_zero_variance_groups_and_counts_them(tiny_model, p
     assert all(r["rollout/reward_mean"] == 0.5 for r in steps)  # only the odd groups were trained on
 
 
-def test_a_slime_generate_posting_to_the_root_generate_trains(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+def test_a_slime_generate_posting_to_the_root_generate_trains(tiny_model, prompts, valkey, tmp_path):
     """The plugin calls the engine itself: its samples are recorded from what it returns, tool
     result (mask 0) included, and trained on with the exact sampled log-probs."""
     run_dir = tmp_path / "root-generate"
@@ -50,7 +50,7 @@ async def stored_samples(url: str, run_id: str) -> list[Sample]:
         return [s async for s in buf.iter_samples()]
 
 
-def test_a_slime_generate_returning_a_list_trains_each_sample(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+def test_a_slime_generate_returning_a_list_trains_each_sample(tiny_model, prompts, valkey, tmp_path):
     """Each returned sample becomes one segment of its member's session, trained with its reward."""
     run_dir = tmp_path / "list-generate"
     argv = train_argv(tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "1", "--run-id", "list-generate")
@@ -63,7 +63,7 @@ def test_a_slime_generate_returning_a_list_trains_each_sample(tiny_model, prompt
     assert all(s.reward == float(s.index % 2) for s in samples)
 
 
-def test_slimes_sft_rollout_trains_samples_without_log_probs(tiny_model, valkey, tmp_path):  # noqa: F811
+def test_slimes_sft_rollout_trains_samples_without_log_probs(tiny_model, valkey, tmp_path):
     """slime's SFT rollout shape (a bare list of one-sample groups, no rollout log-probs) under
     --loss-type sft_loss: the conversations reach the buffer and train, their loss falling."""
     conversation = [{"role": "user", "content": "say kiwi"}, {"role": "assistant", "content": "kiwi kiwi kiwi"}]
@@ -82,7 +82,7 @@ def test_slimes_sft_rollout_trains_samples_without_log_probs(tiny_model, valkey,
     assert len(samples) == 6 and all(set(s.loss_mask) == {1} and s.response_length > 3 for s in samples)
 
 
-def test_on_policy_distillation_with_a_teacher_engine_trains(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+def test_on_policy_distillation_with_a_teacher_engine_trains(tiny_model, prompts, valkey, tmp_path):
     """slime's OPD recipe: the reward asks a second engine (the teacher, at --rm-url) for the prompt
     log-probs of each sample, the post-process keeps the response's as teacher_log_probs, and
     --use-opd trains on the reverse KL. Teacher = student here, so the KL is ~0 on the first step."""
@@ -107,7 +107,7 @@ def test_on_policy_distillation_with_a_teacher_engine_trains(tiny_model, prompts
     assert samples and all(s.teacher_log_probs is not None for s in samples)
 
 
-def test_slimes_rollout_side_hooks_in_one_run(tiny_model, prompts, valkey, tmp_path):  # noqa: F811
+def test_slimes_rollout_side_hooks_in_one_run(tiny_model, prompts, valkey, tmp_path):
     """--custom-config-path's key reaches the --eval-function-path plugin, whose metric is logged; the
     sample filter's removed samples train on no token; the log function sees each step's samples."""
     run_dir = tmp_path / "hooks"

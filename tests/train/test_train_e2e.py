@@ -17,18 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from slimeish.buffer import Buffer, EmbeddedServer
+from slimeish.buffer import Buffer
 from slimeish.common.procs import ManagedProcess
 from slimeish.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 REWARD = "tests.train.reference_plugins.first_token_parity"
-
-
-@pytest.fixture(scope="module")
-def valkey(tmp_path_factory):
-    with EmbeddedServer(tmp_path_factory.mktemp("valkey-train")) as server:
-        yield server
 
 
 def train_argv(model: Path, prompts: dict[str, Path], run_dir: Path, buffer_url: str, *extra: str) -> list[str]:
