@@ -12,20 +12,18 @@ settings, so they win (e.g. `--rollout-batch-size 4`, or `--engine-url URL --wei
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from examples.launch import model_or_tiny, run_example
 from examples.math_sglang.data import MathDataConfig, write_datasets
-from slimeish import train
-from slimeish.common.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import help_field
 from slimeish.data import DataConfig
 from slimeish.rollout import RolloutConfig
 from slimeish.rollout_functions.agent_command import AgentCommandConfig
 from slimeish.train import RunConfig, TrainSetup, parse_args
-from slimeish.train.setup import command_line
 from slimeish.trainer.config import TrainerConfig
 
 HERE = Path(__file__).resolve().parent
@@ -71,25 +69,12 @@ def train_setup(cfg: AgentRunConfig, extra: list[str]) -> TrainSetup:
     train_jsonl, _ = write_datasets(run_dir / "data", MathDataConfig(n_train=64, n_eval=1, max_value=9))
     agent, verifier = commands(cfg)
     plugin = AgentCommandConfig(agent_command=agent, verifier_command=verifier)
-    base = preset(run_dir, train_jsonl, _model_path(cfg, run_dir), cfg.num_rollout, plugin)
+    base = preset(run_dir, train_jsonl, model_or_tiny(cfg.model_path, run_dir), cfg.num_rollout, plugin)
     return parse_args(extra, base=base)
 
 
-def _model_path(cfg: AgentRunConfig, run_dir: Path) -> Path:
-    if cfg.model_path is not None:
-        return cfg.model_path.resolve()
-    from slimeish.models.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(run_dir / "tiny-model")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_dataclass_args(parser, AgentRunConfig, "example")
-    ns, extra = parser.parse_known_args(argv)
-    setup = train_setup(from_namespace(AgentRunConfig, ns), extra)
-    print("slimeish train " + shlex.join(command_line(setup)), flush=True)
-    train.run(setup)
+    run_example(AgentRunConfig, train_setup, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -11,21 +11,19 @@ the task's workspace, and the task's own tests give the reward. Flags not listed
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from slimeish import train
-from slimeish.common.config import add_dataclass_args, from_namespace, help_field
+from examples.launch import model_or_tiny, run_example
+from slimeish.common.config import help_field
 from slimeish.data import DataConfig, write_prompts
 from slimeish.rollout import RolloutConfig
 from slimeish.rollout_functions.harness.rollout import HarnessConfig
 from slimeish.rollout_functions.harness.tasks import task_records
 from slimeish.train import RunConfig, TrainSetup, parse_args
-from slimeish.train.setup import command_line
 from slimeish.trainer.config import TrainerConfig
 
 HERE = Path(__file__).resolve().parent
@@ -72,26 +70,13 @@ def train_setup(cfg: CodingRunConfig, extra: list[str]) -> TrainSetup:
             rollout_timeout=60.0 * timeout_multiplier + 60.0,  # the agent's time, then the grader's
         ),
         plugin=HarnessConfig(agent_command=agent_command(cfg), agent_timeout_multiplier=timeout_multiplier),
-        trainer=TrainerConfig(model_path=_model_path(cfg, run_dir), device="cpu", lr=1e-5),
+        trainer=TrainerConfig(model_path=model_or_tiny(cfg.model_path, run_dir), device="cpu", lr=1e-5),
     )
     return parse_args(extra, base=base)
 
 
-def _model_path(cfg: CodingRunConfig, run_dir: Path) -> Path:
-    if cfg.model_path is not None:
-        return cfg.model_path.resolve()
-    from slimeish.models.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(run_dir / "tiny-model")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_dataclass_args(parser, CodingRunConfig, "example")
-    ns, extra = parser.parse_known_args(argv)
-    setup = train_setup(from_namespace(CodingRunConfig, ns), extra)
-    print("slimeish train " + shlex.join(command_line(setup)), flush=True)
-    train.run(setup)
+    run_example(CodingRunConfig, train_setup, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -13,20 +13,17 @@ by `--help` is a `slimeish train` flag applied over the example's own settings, 
 
 from __future__ import annotations
 
-import argparse
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from examples.launch import model_or_tiny, run_example
 from examples.math_sglang.data import MathDataConfig, write_datasets
-from slimeish import train
-from slimeish.common.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.config import help_field
 from slimeish.data import DataConfig
 from slimeish.rollout import RolloutConfig
 from slimeish.train import RunConfig, TrainSetup, parse_args
 from slimeish.train.launch import StackConfig, check_engine
-from slimeish.train.setup import command_line
 from slimeish.trainer.config import LossConfig, TrainerConfig
 
 REWARD = "examples.math_sglang.reward.reward"
@@ -100,12 +97,14 @@ def check_engines(urls: list[str]) -> None:
 
 def train_setup(cfg: MathRunConfig, extra: list[str]) -> TrainSetup:
     """The run: data and model, the preset, then the user's `slimeish train` flags, which win."""
+    if cfg.engine_url and cfg.model_path is None:
+        raise SystemExit("--model-path is required with --engine-url: the checkpoint the SGLang servers serve")
     run_dir = cfg.run_dir.resolve()  # absolute: SGLang loads the exported weights by this path
     train_jsonl, eval_jsonl = write_datasets(run_dir / "data", _data_config(cfg))
     gpu = bool(cfg.engine_url)
     run = RunConfig(run_dir=run_dir, num_rollout=cfg.num_rollout or (200 if gpu else 2))
     data = DataConfig(prompt_data=train_jsonl, eval_prompt_data=eval_jsonl, metadata_key="metadata")
-    model = _model_path(cfg, run_dir)
+    model = model_or_tiny(cfg.model_path, run_dir)
     preset = gpu_setup(run, data, model, cfg.engine_url) if gpu else cpu_setup(run, data, model)
     return parse_args(extra, base=preset)
 
@@ -114,26 +113,9 @@ def _data_config(cfg: MathRunConfig) -> MathDataConfig:
     return MathDataConfig() if cfg.engine_url else MathDataConfig(n_train=64, n_eval=2)
 
 
-def _model_path(cfg: MathRunConfig, run_dir: Path) -> Path:
-    if cfg.model_path is not None:
-        return cfg.model_path.resolve()
-    if cfg.engine_url:
-        raise SystemExit("--model-path is required with --engine-url: the checkpoint the SGLang servers serve")
-    from slimeish.models.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(run_dir / "tiny-model")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_dataclass_args(parser, MathRunConfig, "example")
-    ns, extra = parser.parse_known_args(argv)
-    cfg = from_namespace(MathRunConfig, ns)
-    if cfg.engine_url:
-        check_engines(cfg.engine_url)
-    setup = train_setup(cfg, extra)
-    print("slimeish train " + shlex.join(command_line(setup)), flush=True)
-    train.run(setup)
+    description = __doc__.split("\n\n")[0]
+    run_example(MathRunConfig, train_setup, description, argv, check=lambda cfg: check_engines(cfg.engine_url))
 
 
 if __name__ == "__main__":
