@@ -1,5 +1,7 @@
-"""Gymnasium-style text environments through `slimeish train`: a TextArena game in self-play (each
-player a group member with its own reward) and a multi-turn SkyRL-Gym environment."""
+"""Gymnasium-style text environments through `slimeish train`, all played by one driver
+(`text_games`): a TextArena game in self-play (each player a group member with its own reward) and
+against a fixed opponent (only the policy's player a member), a multi-turn SkyRL-Gym environment,
+and a GEM game."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import json
 
 import pytest
 
+from slimeish.rollout_functions.gem_env import Gem
 from slimeish.rollout_functions.textarena_env import TextArena
-from tests.environments.conftest import check_run, run_train
+from tests.environments.conftest import check_run, finish_scores, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +33,39 @@ def test_textarena_self_play_trains_three_steps_with_exact_capture(tiny_model, s
     # every player took several turns, each after the game's observation: one segment per player
     assert all(s.loss_mask.count(0) > 0 for s in samples)
     assert all(s.reward in (-1.0, 0.0, 1.0) for s in samples)  # TextArena's win / draw / loss
+
+
+def test_textarena_against_a_random_opponent_trains_only_the_policys_player(tiny_model, stack, tmp_path):
+    game = "TicTacToe-v0"  # the game lists its legal moves: the random opponent picks among them
+    prompts = write(tmp_path / "train.jsonl", TextArena(game, {}).records(8, 0, "train"))
+    run_dir = tmp_path / "ta-tictactoe-random"
+    run_train(
+        stack, tiny_model, run_dir, "slimeish.rollout_functions.textarena_env.generate_rollout",
+        "--env-id", game, "--prompt-data", prompts, "--opponent", "random", "--policy-player", "1",
+    )  # fmt: skip
+    samples = check_run(stack, run_dir, scores={"turns", "opponent_moves"})
+    assert all(s.reward in (-1.0, 0.0, 1.0) for s in samples)
+    # each member played player 1 of its own game (its own session, reward and episode): the random
+    # opponent, player 0, moved first, and its moves reached the policy only in the observations
+    named = finish_scores(stack.buffer_url, run_dir.name, [s.session_id for s in samples])
+    assert all(scores["opponent_moves"] >= 1 for scores in named)
+    assert len({s.session_id for s in samples}) == len(samples)
+
+
+def test_gem_game_trains_three_steps_with_exact_capture(tiny_model, stack, tmp_path):
+    game = "game:GuessTheNumber-v0-easy"
+    prompts = write(tmp_path / "train.jsonl", Gem(game, {}).records(8, 0, "train"))
+    run_dir = tmp_path / "gem-guess"
+    run_train(
+        stack, tiny_model, run_dir, "slimeish.rollout_functions.gem_env.generate_rollout",
+        "--env-id", game, "--prompt-data", prompts,
+    )  # fmt: skip
+    samples = check_run(stack, run_dir, scores={"turns", "last_step_reward"})
+    named = finish_scores(stack.buffer_url, run_dir.name, [s.session_id for s in samples])
+    for sample, scores in zip(samples, named, strict=True):
+        assert scores["turns"] >= 1
+        # the return: GEM's step rewards summed, the last one among them (no invalid guess costs more than -0.1)
+        assert sample.reward <= 1.0 and sample.reward >= -0.1 * scores["turns"]
 
 
 def test_skyrl_gym_multi_turn_trains_three_steps_with_exact_capture(tiny_model, stack, tmp_path):
