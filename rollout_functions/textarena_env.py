@@ -95,7 +95,10 @@ def opponent_policy(spec: str, seed: int) -> Opponent:
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise ValueError(f"--opponent must be `random` or `module:function`, got {spec!r}")
-    policy: Opponent = getattr(importlib.import_module(module), name)
+    try:
+        policy: Opponent = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--opponent {spec!r}: {type(e).__name__}: {e}") from None
     return policy
 
 

@@ -6,11 +6,13 @@ and a GEM game."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 
 import pytest
 
-from slimeish.rollout_functions.gem_env import Gem
-from slimeish.rollout_functions.textarena_env import TextArena
+from slimeish.rollout_functions.gem_env import Gem, GemConfig
+from slimeish.rollout_functions.textarena_env import TextArena, TextArenaConfig
 from tests.environments.conftest import check_run, finish_scores, run_train
 
 pytestmark = pytest.mark.slow
@@ -81,3 +83,24 @@ def test_skyrl_gym_multi_turn_trains_three_steps_with_exact_capture(tiny_model, 
     )  # fmt: skip
     samples = check_run(stack, run_dir)
     assert all(s.loss_mask.count(0) > 0 for s in samples if s.reward < 1.0)  # two turns unless solved at once
+
+
+def test_gem_missing_names_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gem", None)  # as if not installed: importing it raises
+    with pytest.raises(ValueError, match=r"pip install --no-deps gem-llm==0\.1\.0"):
+        GemConfig(env_id="game:GuessTheNumber-v0-easy").check()
+
+
+@pytest.mark.parametrize(
+    ("opponent", "policy_player", "says"),
+    [
+        ("scripted", 0, "must be `random` or `module:function`"),
+        ("no_such_module:act", 0, "ModuleNotFoundError"),
+        ("json:no_such_function", 0, "AttributeError"),
+        ("random", 2, "--policy-player 2 is no player of a 2-player game"),
+    ],
+)
+def test_a_bad_opponent_stops_at_start_up(opponent, policy_player, says):
+    config = TextArenaConfig(env_id="TicTacToe-v0", opponent=opponent, policy_player=policy_player)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        config.check()
