@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	# SGLang's wheel only for its /generate schema (sglang/api/v1/api_types.py, needs msgspec).
 	$(PY) -m pip install -q --no-deps sglang==0.5.23
+	# GEM's environments (docs/environments.md) the same way: gem-llm pins msgspec 0.19.0 and
+	# reasoning-gym 0.1.23 against ours, yet runs with ours; what else it imports (nltk,
+	# math-verify, reasoning-gym) comes with slimeish and its [textarena] / [reasoning-gym] extras.
+	$(PY) -m pip install -q --no-deps gem-llm==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -33,16 +33,14 @@ from slimeish.rollout_functions.openai_agent import session_client
 from slimeish.rollout_functions.sessions import Session, http_client, run_episodes
 
 
-def require_extra(module: str, extra: str) -> ModuleType:
-    """Import an ecosystem's package, or fail naming the slimeish extra that installs it."""
+def require_extra(module: str, install: str) -> ModuleType:
+    """Import an ecosystem's package, or fail naming the command that installs it (its slimeish extra)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name is None or e.name.split(".")[0] != module.split(".")[0]:
             raise  # the package is there but broken: its own error says more
-        raise ValueError(
-            f"this environment adapter needs the `{module}` package: pip install 'slimeish[{extra}]'"
-        ) from None
+        raise ValueError(f"this environment adapter needs the `{module}` package: {install}") from None
 
 
 @dataclass(kw_only=True)
@@ -57,9 +55,14 @@ class EnvConfig:
     extra: ClassVar[str] = ""
 
     @classmethod
+    def install(cls) -> str:
+        """How the ecosystem is installed: its extra, unless pip cannot resolve it as one."""
+        return f"pip install 'slimeish[{cls.extra}]'"
+
+    @classmethod
     def load(cls, module: str = "") -> ModuleType:
-        """The ecosystem's package (or its `module`), or a start-up error naming the extra."""
-        return require_extra(module or cls.package, cls.extra)
+        """The ecosystem's package (or its `module`), or a start-up error naming how to install it."""
+        return require_extra(module or cls.package, cls.install())
 
     def check(self) -> None:
         self.load()

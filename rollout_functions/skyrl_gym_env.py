@@ -7,8 +7,9 @@ SkyRL-Gym environments take their tasks from the user's dataset, as in SkyRL: ea
 is `prompt` (chat messages) and `label`, the environment's `extras` (`reward_spec.ground_truth`,
 `extra_info`, ...); `--env-args` is its `env_config`. An episode is the environment's own loop:
 `init(prompt)` gives the first messages, then each model turn through the member's session is an
-`action`, `step(action)` answers with observation messages (user or tool), until `done`. The
-reward is the episode's return, the sum of the step rewards (SkyRL-Gym rewards turns).
+`action`, `step(action)` answers with observation messages (user or tool), until `done`, played by
+the text-game driver (`text_games`). The reward is the episode's return, the sum of the step rewards
+(SkyRL-Gym rewards turns).
 """
 
 from __future__ import annotations
@@ -18,15 +19,8 @@ from typing import Any
 
 from slimeish.common.sample import Sample
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
-from slimeish.rollout_functions.environments import (
-    Conversation,
-    EnvAdapter,
-    EnvConfig,
-    EpisodeContext,
-    Outcome,
-    run_env,
-)
-from slimeish.rollout_functions.sessions import Session
+from slimeish.rollout_functions.environments import EnvConfig, EpisodeContext, run_env
+from slimeish.rollout_functions.text_games import Step, TextGame, TextGameAdapter, Turn
 
 
 @dataclass(kw_only=True)
@@ -38,7 +32,29 @@ class SkyRLGymConfig(EnvConfig):
 ROLLOUT_CONFIG = SkyRLGymConfig
 
 
-class SkyRLGym(EnvAdapter):
+class SkyRLGymGame(TextGame):
+    """A SkyRL-Gym env: `init(prompt)` gives the first messages, `step(action)` a dict of
+    `observations` (messages), `reward` and `done`; its numeric metrics are scored at the end."""
+
+    def __init__(self, env: Any, prompt: Any) -> None:
+        self.env, self.prompt = env, prompt
+
+    def reset(self) -> Turn:
+        first, _ = self.env.init(self.prompt)
+        return Turn(0, list(first))
+
+    def step(self, action: str) -> Step:
+        out = self.env.step(action)
+        if not out["done"]:
+            return Step({0: float(out["reward"])}, Turn(0, list(out["observations"])))
+        metrics = {k: float(v) for k, v in self.env.get_metrics().items() if isinstance(v, (int, float))}
+        return Step({0: float(out["reward"])}, None, metrics)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class SkyRLGym(TextGameAdapter):
     def __init__(self, env_id: str, env_args: dict[str, Any]) -> None:
         super().__init__(env_id, env_args)
         self.gym = SkyRLGymConfig.load()
@@ -49,21 +65,8 @@ class SkyRLGym(EnvAdapter):
             'and `label` (the environment\'s extras, e.g. {"reward_spec": {"ground_truth": ...}})'
         )
 
-    async def run(self, session: Session, sample: Sample, ctx: EpisodeContext) -> Outcome:
-        env = self.gym.make(self.env_id, env_config=self.env_args, extras=sample.label)
-        try:
-            first, _ = env.init(sample.prompt)
-            chat, rewards = Conversation(self.client(session), first), []
-            while True:
-                out = env.step(await chat.act())
-                rewards.append(float(out["reward"]))
-                if out["done"]:
-                    break
-                chat.observe(out["observations"])
-            metrics = {k: float(v) for k, v in env.get_metrics().items() if isinstance(v, (int, float))}
-        finally:
-            env.close()
-        return Outcome(sum(rewards), {"turns": float(len(rewards)), "last_step_reward": rewards[-1], **metrics})
+    def open(self, sample: Sample, ctx: EpisodeContext) -> TextGame:
+        return SkyRLGymGame(self.gym.make(self.env_id, env_config=self.env_args, extras=sample.label), sample.prompt)
 
 
 def generate_rollout(

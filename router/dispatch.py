@@ -7,7 +7,8 @@ below are matched on the path string and answered by each dialect's handler
 (`slimeish.router.dialects`) or `slimeish.router.api_v1`, with the same error bodies
 (`as_api_error`, in the shape of the path's API) and metrics as every other endpoint. All other
 requests (sessions, admin, `/v1/models`, `/metrics`, `/health`, the OpenAPI docs) go through
-FastAPI as usual.
+FastAPI as usual. A session path with caller segments before its API path is first read as the
+session's own (`without_caller_segments`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,27 @@ def _route(table: dict[str, TurnEndpoint], path: str) -> tuple[str, TurnEndpoint
     """(endpoint, handler): a path of `table`, or Gemini's `/v1beta/models/{model}:{method}`."""
     handler = table.get(path)
     return (path, handler) if handler else gemini_route(path)
+
+
+# The first segment of every API path under a session: OpenAI's and Anthropic's `v1`, Gemini's `v1beta`.
+_API_VERSIONS = frozenset({"v1", "v1beta"})
+
+
+def without_caller_segments(path: str) -> str:
+    """`/s/<key>/<caller segments>/<API path>` as `/s/<key>/<API path>`: a harness that carries its own
+    run coordinates in the base URL it hands a rollout (rLLM's `/meta/<slug>/v1`, NeMo-Gym's rollout
+    prefix, `/s/<key>/runs/7/rollout/3/v1`) reaches the session's own API, with its key and auth. The
+    API path is a last `generate` segment (token-in), or starts at the last `v1` / `v1beta` segment
+    (no API path holds two); any other path is left as it is (and answered 404 as before)."""
+    if not path.startswith("/s/"):
+        return path
+    key, slash, rest = path[3:].partition("/")
+    if not key or not slash:
+        return path
+    segments = rest.split("/")
+    versions = [i for i, segment in enumerate(segments) if segment in _API_VERSIONS]
+    start = len(segments) - 1 if segments[-1] == "generate" else versions[-1] if versions else 0
+    return f"/s/{key}/" + "/".join(segments[start:]) if start else path
 
 
 def match_turn_route(path: str) -> tuple[str, TurnEndpoint, str | None] | None:
@@ -96,6 +118,8 @@ class RouterApp(FastAPI):
             if declared_too_large(scope["headers"], limit):  # answered without reading the body
                 return await error_response(too_large(limit), scope["path"])(scope, receive, send)
             receive = capped(receive, limit, config.body_timeout)
+            if (path := without_caller_segments(scope["path"])) != scope["path"]:
+                scope = {**scope, "path": path, "raw_path": path.encode()}
             if (route := match_turn_route(scope["path"])) is not None:
                 return await serve_turn_route(self, route, scope, receive, send)
         await super().__call__(scope, receive, send)

@@ -37,6 +37,7 @@ PLUGINS = [
     "slimeish.rollout_functions.verifiers_env.generate_rollout",
     "slimeish.rollout_functions.textarena_env.generate_rollout",
     "slimeish.rollout_functions.skyrl_gym_env.generate_rollout",
+    "slimeish.rollout_functions.gem_env.generate_rollout",
 ]
 
 HEADER = """# Command-line reference

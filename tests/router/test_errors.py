@@ -279,3 +279,38 @@ def test_another_sessions_key_in_the_header_is_refused_in_every_dialect(router_a
     for key in (session["api_key"], "x"):
         _sdk_turns(session["base_url"], key)["chat"]()
     assert router_app.record(session["session_id"])["turns"] == 2
+
+
+def _gemini_turn(session_url: str) -> httpx.Response:
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": 2}}
+    return httpx.post(session_url + "/v1beta/models/tiny:generateContent", json=body)
+
+
+def test_caller_segments_after_the_key_reach_the_session_in_every_dialect(router_app):
+    """A harness's own run coordinates between the key and the API path (rLLM's `/meta/<slug>/v1`,
+    NeMo-Gym's rollout prefix): the session's API, key and auth, through each dialect's real SDK."""
+    session = router_app.new_session()
+    base = session["base_url"].removesuffix("/v1")
+    for caller in ("/runs/7/rollout/3", "/meta/rllm1:eyJydW4iOjd9/v1/x"):  # even a `v1` of the caller's
+        for turn in _sdk_turns(f"{base}{caller}/v1", "x").values():
+            turn()  # an SDK error fails the test, naming the dialect in its traceback
+        assert _gemini_turn(base + caller).status_code == 200
+        assert httpx.head(f"{base}{caller}/v1").status_code == 200  # the base URL probe
+    turns = 7  # per caller: chat, its stream, completions, responses, messages, token-in, gemini (models is none)
+    assert router_app.record(session["session_id"])["turns"] == 2 * turns
+
+
+def test_a_wrong_key_before_caller_segments_is_refused_in_the_dialects_shape(router_app):
+    session = router_app.new_session()
+    wrong = session["base_url"].removesuffix("/v1") + "x/runs/7/rollout/3"
+    for name, turn in _sdk_turns(wrong + "/v1", "x").items():
+        with pytest.raises((openai.AuthenticationError, anthropic.AuthenticationError, httpx.HTTPStatusError)) as e:
+            turn()
+        assert e.value.response.status_code == 401, name
+        if name == "messages":
+            assert e.value.body["error"]["type"] == "authentication_error"
+        elif name != "token-in":
+            assert e.value.code == "invalid_api_key", name
+    r = _gemini_turn(wrong)
+    assert r.status_code == 401 and r.json()["error"]["status"] == "UNAUTHENTICATED"
+    assert router_app.record(session["session_id"])["turns"] == 0
