@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slimeish.models.tiny import TinyModelConfig, make_tiny_model
+from slimeish.models.tiny import MOE_ARCHS, TinyModelConfig, make_tiny_model
 
 # A session key as the router issues it (`sk-slimeish-` + 43 url-safe characters); a masked one
 # (`sk-slimeish-<redacted>`, `/s/<redacted>/`) does not match.
@@ -37,7 +37,7 @@ def tiny_model_factory(tmp_path_factory):
     built: dict[tuple, Path] = {}
 
     def factory(arch: str | None = "qwen2", family: str = "chatml") -> Path:
-        key = (arch, family) if family == "chatml" or arch == "qwen3_moe" else (None, family)
+        key = (arch, family) if family == "chatml" or arch in MOE_ARCHS else (None, family)
         if key not in built:
             cfg = TinyModelConfig(arch=key[0], family=family)  # type: ignore[arg-type]  # tests pass names
             built[key] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}-{family}"), cfg)

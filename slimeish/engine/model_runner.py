@@ -1,7 +1,7 @@
 """The model runner: a Hugging Face causal LM plus a paged KV cache, one forward per call.
 
 The model's own modules run the forward (embedding, decoder layers, rotary, norm, head), so any
-Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint works unchanged. Two things are ours:
+Llama / Qwen2 / Qwen3 / Qwen3-MoE / GLM-4.5 checkpoint works unchanged. Two things are ours:
 
 * `PagedKV` replaces HF's cache: per layer one pool of token slots `[slots, kv_heads, head_dim]`,
   handed out in pages (`kv_cache.PagePool` keeps the books). A sequence's KV is wherever its page
@@ -28,7 +28,7 @@ from slimeish.engine.attention import ATTN_IMPLEMENTATION, ChunkSpan
 from slimeish.engine.lora import LoraServing
 from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
 
-_SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+_SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe")
 # prompt positions per lm-head call when prompt log-probs are asked for (bounds the logits held at once)
 _LOGPROB_CHUNK = 256
 

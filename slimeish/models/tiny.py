@@ -8,9 +8,11 @@ the chat template and special tokens of a model family (`--family`: slimeish's C
 template, Qwen3's own with reasoning, Qwen3-Coder's own with XML calls, GLM-4.5's own with
 reasoning and <arg_key>/<arg_value> calls, Llama 3.2's own with JSON calls, DeepSeek-V3-0324's own
 with calls in a section of special tokens), and a randomly
-initialised Qwen2, Llama, Qwen3 or Qwen3-MoE model from `transformers` (`--arch qwen3_moe`: every
-layer sparse, `--num-experts` experts of width `--moe-intermediate-size`, `--experts-per-token`
-routed per token, top-k weights renormalised as Qwen3-30B-A3B has them). The result is a directory that
+initialised Qwen2, Llama, Qwen3, Qwen3-MoE or GLM-4.5 model from `transformers` (`--arch qwen3_moe`:
+every layer sparse, `--num-experts` experts of width `--moe-intermediate-size`, `--experts-per-token`
+routed per token, top-k weights renormalised as Qwen3-30B-A3B has them; `--arch glm4_moe`: GLM-4.5-Air's
+shape: the first layer dense, then sigmoid routing with a score-correction bias, one shared expert,
+routed weights renormalised and scaled by 2.5, half the head dims rotary, q/k/v biases). The result is a directory that
 `from_pretrained` loads exactly like a real checkpoint, so every loader in slimeish is exercised
 on the real code path.
 """
@@ -27,7 +29,8 @@ from typing import Any, Literal
 
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
-Arch = Literal["qwen2", "llama", "qwen3", "qwen3_moe"]
+Arch = Literal["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe"]
+MOE_ARCHS = ("qwen3_moe", "glm4_moe")
 Family = Literal["chatml", "qwen3", "qwen3-coder", "glm-4.5", "llama3", "deepseek-v3"]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -133,9 +136,9 @@ class TinyModelConfig:
     max_position_embeddings: int = help_field(4096, help="context length")
     rope_theta: float = help_field(10000.0, help="RoPE base")
     tie_word_embeddings: bool | None = help_field(None, help="tie input/output embeddings (default: per family)")
-    num_experts: int = help_field(4, help="qwen3_moe: routed experts per layer")
-    experts_per_token: int = help_field(2, help="qwen3_moe: experts each token is routed to (num_experts_per_tok)")
-    moe_intermediate_size: int = help_field(32, help="qwen3_moe: each expert's MLP width")
+    num_experts: int = help_field(4, help="MoE archs: routed experts per sparse layer")
+    experts_per_token: int = help_field(2, help="MoE archs: experts each token is routed to (num_experts_per_tok)")
+    moe_intermediate_size: int = help_field(32, help="MoE archs: each expert's MLP width")
     seed: int = help_field(0, help="seed for the corpus and the weights")
 
 
@@ -246,11 +249,11 @@ def build_tokenizer(cfg: TinyModelConfig):  # -> PreTrainedTokenizerFast
 
 
 def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.PretrainedConfig
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+    from transformers import Glm4MoeConfig, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     arch = cfg.arch or FAMILY_ARCH[cfg.family]
-    # Llama 3.2 1B ties, Qwen3-30B-A3B does not (the families' published small checkpoints)
-    tie = cfg.tie_word_embeddings if cfg.tie_word_embeddings is not None else arch not in ("llama", "qwen3_moe")
+    # Llama 3.2 1B ties, Qwen3-30B-A3B and GLM-4.5 do not (the families' published small checkpoints)
+    tie = cfg.tie_word_embeddings if cfg.tie_word_embeddings is not None else arch not in ("llama", *MOE_ARCHS)
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -283,6 +286,24 @@ def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.Pret
             "head_dim": cfg.hidden_size // cfg.num_heads,
         }
         return Qwen3MoeConfig(**common, **moe, attention_bias=False)
+    if arch == "glm4_moe":
+        # GLM-4.5-Air's routing and attention (its config.json), scaled down; no MTP weights, as
+        # transformers loads and saves none
+        glm: dict[str, Any] = {
+            "n_routed_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.experts_per_token,
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "partial_rotary_factor": 0.5,
+            "use_qk_norm": False,
+            "head_dim": cfg.hidden_size // cfg.num_heads,
+        }
+        return Glm4MoeConfig(**common, **glm, attention_bias=True)
     return Qwen3Config(**common, head_dim=cfg.hidden_size // cfg.num_heads, attention_bias=False)
 
 
@@ -298,6 +319,7 @@ def make_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> 
     model_config = build_model_config(cfg, tokenizer)
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    _trained_correction_bias(model)
     stops = tokenizer.convert_tokens_to_ids(TOKENS[cfg.family].stops)
     model.generation_config = GenerationConfig(
         eos_token_id=stops if len(stops) > 1 else stops[0], pad_token_id=tokenizer.pad_token_id, do_sample=True
@@ -307,6 +329,18 @@ def make_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> 
     tokenizer.save_pretrained(out)
     _inline_chat_template(out, tokenizer.chat_template)
     return out
+
+
+def _trained_correction_bias(model) -> None:
+    """GLM-4.5's routers add a per-expert score-correction bias before top-k; a fresh model's is
+    zero, a trained one's is not. A random one, so the bias path is exercised end to end."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    for layer in model.model.layers:
+        bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+        if bias is not None:  # the size of the sigmoid scores' spread at this init
+            bias.copy_(0.02 * torch.randn(bias.shape, generator=gen))
 
 
 def ensure_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:

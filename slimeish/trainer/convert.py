@@ -1,4 +1,4 @@
-"""Weight conversion between Hugging Face (Llama / Qwen2 / Qwen3 / Qwen3-MoE) and Megatron-core GPTModel names.
+"""Weight conversion between Hugging Face (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5) and Megatron-core names.
 
 Both directions work on full (unsharded) tensors; `shard_for_rank` / `gather_shards` cut and join
 the tensor-parallel pieces for TP > 1. Megatron's fused QKV weight is laid out per query group:
@@ -6,7 +6,9 @@ for each KV head g, the rows of its q heads, then k_g, then v_g. Megatron's fuse
 [gate; up]. The word embedding (and untied output layer) carry extra zero rows up to the padded
 vocab, dropped again on the way back, so HF -> Megatron -> HF is bit-exact. MoE layers use the
 checkpoint's per-expert names (`mlp.experts.E.gate_proj`, ..., router `mlp.gate`), the layout
-Qwen3-MoE checkpoints are published in and `save_pretrained` writes.
+Qwen3-MoE and GLM-4.5 checkpoints are published in and `save_pretrained` writes; GLM-4.5's router
+also carries `mlp.gate.e_score_correction_bias` (Megatron's `router.expert_bias`), its MoE layers a
+dense `mlp.shared_experts`, and its first `first_k_dense_replace` layers a dense MLP.
 """
 
 from __future__ import annotations
@@ -65,30 +67,36 @@ def hf_to_megatron(hf: Tensors, shape: ModelShape) -> Tensors:
             out[m + "self_attention.k_layernorm.weight"] = hf[att + "k_norm.weight"].clone()
         out[m + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"].clone()
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
-        out.update(_mlp_to_megatron(hf, h + "mlp.", m + "mlp.", shape))
+        out.update(_mlp_to_megatron(hf, h + "mlp.", m + "mlp.", shape.is_moe_layer(i), shape))
     return out
 
 
-def _mlp_to_megatron(hf: Tensors, h: str, m: str, shape: ModelShape) -> Tensors:
+def _mlp_pairs(m: str, h: str, moe: bool, shape: ModelShape) -> list[tuple[str, str]]:
+    """The (Megatron, HF) prefixes of one layer's gated MLPs: the dense one, or each expert and the shared experts."""
+    if not moe:
+        return [(m, h)]
+    pairs = [(f"{m}experts.local_experts.{e}.", f"{h}experts.{e}.") for e in range(shape.num_experts)]
+    return pairs + ([(m + "shared_experts.", h + "shared_experts.")] if shape.shared_expert_size else [])
+
+
+def _router_names(m: str, h: str, shape: ModelShape) -> list[tuple[str, str]]:
+    names = [(m + "router.weight", h + "gate.weight")]
+    return names + ([(m + "router.expert_bias", h + "gate.e_score_correction_bias")] if shape.expert_bias else [])
+
+
+def _mlp_to_megatron(hf: Tensors, h: str, m: str, moe: bool, shape: ModelShape) -> Tensors:
     """One layer's MLP (h, m: the HF and Megatron `...mlp.` prefixes): dense, or router + experts."""
-    if not shape.num_experts:
-        return {m + "linear_fc1.weight": torch.cat([hf[h + "gate_proj.weight"], hf[h + "up_proj.weight"]]),
-                m + "linear_fc2.weight": hf[h + "down_proj.weight"].clone()}  # fmt: skip
-    out = {m + "router.weight": hf[h + "gate.weight"].clone()}
-    for e in range(shape.num_experts):
-        he, me = f"{h}experts.{e}.", f"{m}experts.local_experts.{e}."
+    out = {mn: hf[hn].clone() for mn, hn in _router_names(m, h, shape)} if moe else {}
+    for me, he in _mlp_pairs(m, h, moe, shape):
         out[me + "linear_fc1.weight"] = torch.cat([hf[he + "gate_proj.weight"], hf[he + "up_proj.weight"]])
         out[me + "linear_fc2.weight"] = hf[he + "down_proj.weight"].clone()
     return out
 
 
-def _mlp_from_megatron(mg: Tensors, m: str, h: str, shape: ModelShape) -> Tensors:
+def _mlp_from_megatron(mg: Tensors, m: str, h: str, moe: bool, shape: ModelShape) -> Tensors:
     """Inverse of `_mlp_to_megatron`."""
-    pairs = [(m, h)] if not shape.num_experts else [
-        (f"{m}experts.local_experts.{e}.", f"{h}experts.{e}.") for e in range(shape.num_experts)
-    ]  # fmt: skip
-    out = {} if not shape.num_experts else {h + "gate.weight": mg[m + "router.weight"]}
-    for me, he in pairs:
+    out = {hn: mg[mn] for mn, hn in _router_names(m, h, shape)} if moe else {}
+    for me, he in _mlp_pairs(m, h, moe, shape):
         gate, up = mg[me + "linear_fc1.weight"].chunk(2)
         out[he + "gate_proj.weight"], out[he + "up_proj.weight"] = gate.contiguous(), up.contiguous()
         out[he + "down_proj.weight"] = mg[me + "linear_fc2.weight"]
@@ -118,7 +126,7 @@ def megatron_to_hf(mg: Tensors, shape: ModelShape) -> Tensors:
             out[att + "k_norm.weight"] = mg[m + "self_attention.k_layernorm.weight"]
         out[att + "o_proj.weight"] = mg[m + "self_attention.linear_proj.weight"]
         out[h + "post_attention_layernorm.weight"] = mg[m + "pre_mlp_layernorm.weight"]
-        out.update(_mlp_from_megatron(mg, m + "mlp.", h + "mlp.", shape))
+        out.update(_mlp_from_megatron(mg, m + "mlp.", h + "mlp.", shape.is_moe_layer(i), shape))
     return out
 
 

@@ -1,11 +1,14 @@
-"""Megatron-core `GPTModel` built from a Hugging Face config (Llama, Qwen2, Qwen3, Qwen3-MoE).
+"""Megatron-core `GPTModel` built from a Hugging Face config (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5).
 
 The layer spec is Megatron's local (non-Transformer-Engine) spec with one change: the core
 attention is `SDPACoreAttention`, a thin wrapper over `torch.nn.functional.scaled_dot_product_attention`
 that runs on CPU and GPU alike (causal, GQA-aware). Batches are right-padded, so causal
 attention never lets a real token see padding and no attention mask is needed. Qwen3-MoE layers
 are Megatron's `MoELayer` (top-k softmax router, SequentialMLP experts, all-gather dispatcher,
-expert parallel 1) with `HostTopKRouter` as the router.
+expert parallel 1) with `HostTopKRouter` as the router. GLM-4.5 (`glm4_moe`) adds what Megatron
+has names for: sigmoid scores with a score-correction bias before top-k (`expert_bias`), group-limited
+top-k, the routed weights' scaling factor, a shared expert, the first `first_k_dense_replace` layers
+dense (`moe_layer_freq`), partial rotary (`rotary_percent`) and q/k/v biases.
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ import torch
 import torch.nn.functional as F
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from torch import Tensor
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe")
 _SUPPORTED_ROPE = ("default", "linear", "llama3")
 
 
@@ -113,6 +117,16 @@ class ModelShape:
     num_experts: int = 0  # 0: dense MLPs
     experts_per_token: int = 0
     moe_ffn_hidden_size: int = 0
+    first_dense_layers: int = 0  # MoE models: the leading layers with a dense MLP (GLM-4.5)
+    shared_expert_size: int = 0  # MoE models: the shared experts' MLP width (0: none)
+    expert_bias: bool = False  # MoE routers add a score-correction bias before top-k (GLM-4.5)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return bool(self.num_experts) and layer >= self.first_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
 
 def model_shape(hf_config, tensor_parallel: int = 1) -> ModelShape:
@@ -120,6 +134,7 @@ def model_shape(hf_config, tensor_parallel: int = 1) -> ModelShape:
         raise ValueError(f"model_type {hf_config.model_type!r} not supported; expected one of {SUPPORTED_MODEL_TYPES}")
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     multiple = 128 * tensor_parallel
+    glm = hf_config.model_type == "glm4_moe"
     return ModelShape(
         model_type=hf_config.model_type,
         num_layers=hf_config.num_hidden_layers,
@@ -130,11 +145,14 @@ def model_shape(hf_config, tensor_parallel: int = 1) -> ModelShape:
         vocab_size=hf_config.vocab_size,
         padded_vocab_size=math.ceil(hf_config.vocab_size / multiple) * multiple,
         tie_word_embeddings=bool(hf_config.tie_word_embeddings),
-        qkv_bias=hf_config.model_type == "qwen2",
-        qk_norm=hf_config.model_type in ("qwen3", "qwen3_moe"),
-        num_experts=getattr(hf_config, "num_experts", 0) or 0,
+        qkv_bias=hf_config.model_type == "qwen2" or (glm and hf_config.attention_bias),
+        qk_norm=hf_config.model_type in ("qwen3", "qwen3_moe") or (glm and hf_config.use_qk_norm),
+        num_experts=(hf_config.n_routed_experts if glm else getattr(hf_config, "num_experts", 0)) or 0,
         experts_per_token=getattr(hf_config, "num_experts_per_tok", 0) or 0,
         moe_ffn_hidden_size=getattr(hf_config, "moe_intermediate_size", 0) or 0,
+        first_dense_layers=hf_config.first_k_dense_replace if glm else 0,
+        shared_expert_size=hf_config.moe_intermediate_size * hf_config.n_shared_experts if glm else 0,
+        expert_bias=glm,
     )
 
 
@@ -146,8 +164,9 @@ def transformer_config(
         raise ValueError(f"hidden_act {hf_config.hidden_act!r} not supported (SwiGLU only)")
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported")
-    if shape.model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
-        # Llama/Qwen3 attention_bias also puts a bias on o_proj, which Megatron's spec cannot hold.
+    if shape.model_type not in ("qwen2", "glm4_moe") and getattr(hf_config, "attention_bias", False):
+        # Llama/Qwen3 attention_bias also puts a bias on o_proj, which Megatron's spec cannot hold
+        # (GLM-4.5's is on q/k/v only, as Qwen2's).
         raise ValueError(f"attention_bias=True is not supported for {shape.model_type}")
     return TransformerConfig(
         **_moe_config(hf_config, shape),
@@ -182,24 +201,52 @@ def transformer_config(
 
 
 def _moe_config(hf_config, shape: ModelShape) -> dict:
-    """Megatron's MoE fields for a Qwen3-MoE config (none for a dense model)."""
+    """Megatron's MoE fields for a Qwen3-MoE or GLM-4.5 config (none for a dense model)."""
     if not shape.num_experts:
         return {}
-    if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(hf_config, "mlp_only_layers", None):
-        raise ValueError("Qwen3-MoE with dense layers between the MoE ones (decoder_sparse_step, mlp_only_layers)")
-    return dict(
+    common = dict(
         num_moe_experts=shape.num_experts,
         moe_router_topk=shape.experts_per_token,
         moe_ffn_hidden_size=shape.moe_ffn_hidden_size,
+        # alltoall creates a CUDA stream when built; at expert parallel 1 all-gather moves nothing.
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,
+    )
+    if shape.model_type == "glm4_moe":
+        return common | _glm4_moe_router(hf_config, shape)
+    if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(hf_config, "mlp_only_layers", None):
+        raise ValueError("Qwen3-MoE with dense layers between the MoE ones (decoder_sparse_step, mlp_only_layers)")
+    return common | dict(
         # HF: softmax over all experts, top-k, renormalised when norm_topk_prob, which equals
         # Megatron's softmax over the top-k logits; without it, Megatron's pre-softmax top-k.
         moe_router_pre_softmax=not hf_config.norm_topk_prob,
         moe_router_score_function="softmax",
         moe_router_load_balancing_type="aux_loss",
         moe_aux_loss_coeff=hf_config.router_aux_loss_coef,
-        # alltoall creates a CUDA stream when built; at expert parallel 1 all-gather moves nothing.
-        moe_token_dispatcher_type="allgather",
-        moe_grouped_gemm=False,
+    )
+
+
+def _glm4_moe_router(hf_config, shape: ModelShape) -> dict:
+    """GLM-4.5's router (noaux_tc) in Megatron's terms. HF: sigmoid scores; top-k over scores +
+    correction bias within the `topk_group` best of `n_group` groups (a group's score: the sum of
+    its best two); the chosen experts' unbiased scores, renormalised, times routed_scaling_factor.
+    The bias is no Megatron-updated `expert_bias` (see `_attach_expert_bias`), and there is no
+    load-balancing loss: the published configs carry no coefficient."""
+    k, groups, group_topk = shape.experts_per_token, hf_config.n_group, hf_config.topk_group
+    if not hf_config.norm_topk_prob and k > 1:
+        raise ValueError("glm4_moe with norm_topk_prob=False: Megatron's sigmoid router always renormalises")
+    if groups > 1 and k // group_topk != 2:
+        # Megatron scores a group by the sum of its top (topk // group_topk) experts, HF by its top 2
+        raise ValueError(f"glm4_moe group routing with num_experts_per_tok // topk_group = {k // group_topk} (needs 2)")
+    return dict(
+        moe_router_score_function="sigmoid",
+        moe_router_num_groups=groups if groups > 1 else None,
+        moe_router_group_topk=group_topk if groups > 1 else None,
+        moe_router_topk_scaling_factor=hf_config.routed_scaling_factor,
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_shared_expert_intermediate_size=shape.shared_expert_size,
+        moe_layer_freq=[int(shape.is_moe_layer(i)) for i in range(shape.num_layers)],
     )
 
 
@@ -216,37 +263,50 @@ def start_moe_step(micro_batches: int, data_parallel: int, device: torch.device)
 
 
 def moe_aux_loss(num_layers: int, micro_batches: int) -> float:
-    """This rank's load-balancing loss of the step (before its coefficient), mean over layers and micro-batches."""
+    """This rank's load-balancing loss of the step (before its coefficient), mean over MoE layers
+    (`num_layers` of them) and micro-batches; 0 for a model trained without one (GLM-4.5)."""
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     tracked = get_moe_layer_wise_logging_tracker().get("load_balancing_loss")
     return 0.0 if tracked is None else tracked["values"].sum().item() / (num_layers * micro_batches)
 
 
+def _rope_parameters(hf_config) -> dict:
+    return getattr(hf_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": hf_config.rope_theta}
+
+
 def rope_inv_freq(hf_config) -> Tensor:
     """HF's inverse RoPE frequencies (default, linear and llama3 scaling) for Megatron to use as-is."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    params = getattr(hf_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": hf_config.rope_theta}
+    params = _rope_parameters(hf_config)
     rope_type = params.get("rope_type", "default")
     if rope_type not in _SUPPORTED_ROPE:
         raise ValueError(f"rope_type {rope_type!r} not supported; expected one of {_SUPPORTED_ROPE}")
-    shape = model_shape(hf_config)
+    rotary_dim = int(model_shape(hf_config).head_dim * params.get("partial_rotary_factor", 1.0))
     if rope_type == "default":
-        dims = torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim
+        dims = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
         return 1.0 / (params["rope_theta"] ** dims)
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
     assert scaling == 1.0, "supported RoPE types do not rescale attention"
     return inv_freq.float()
 
 
-def layer_spec(qk_norm: bool, num_experts: int = 0) -> ModuleSpec:
-    """Megatron's local (no Transformer Engine) layer spec with SDPA as core attention."""
-    spec = get_gpt_layer_local_spec(
-        num_experts=num_experts or None, moe_grouped_gemm=False, qk_layernorm=qk_norm, normalization="RMSNorm"
-    )
-    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
-    return spec
+def layer_spec(config: TransformerConfig) -> ModuleSpec | TransformerBlockSubmodules:
+    """Megatron's local (no Transformer Engine) layer spec with SDPA as core attention; per layer
+    where dense and MoE layers mix (`moe_layer_freq`)."""
+    if isinstance(config.moe_layer_freq, list):
+        block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+        specs = block.layer_specs
+    else:
+        block = spec = get_gpt_layer_local_spec(
+            num_experts=config.num_moe_experts, moe_grouped_gemm=False, qk_layernorm=config.qk_layernorm,
+            normalization="RMSNorm",
+        )  # fmt: skip
+        specs = [spec]
+    for spec in specs:
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return block
 
 
 def build_gpt_model(
@@ -270,21 +330,39 @@ def build_gpt_model(
 
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(shape.qk_norm, shape.num_experts),
+        transformer_layer_spec=layer_spec(config),
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=shape.tie_word_embeddings,
         position_embedding_type="rope",
+        rotary_percent=_rope_parameters(hf_config).get("partial_rotary_factor", 1.0),
         parallel_output=False,  # gather the vocab dimension: log-probs need the full softmax
     )
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
     _keep_rotary_on_host(model, rope_inv_freq(hf_config), device, use_gpu)
-    if shape.num_experts:
-        for layer in model.decoder.layers:
-            layer.mlp.router.__class__ = HostTopKRouter  # instance-local, as the rotary embedding's
+    for router in moe_routers(model):
+        router.__class__ = HostTopKRouter  # instance-local, as the rotary embedding's
+        if shape.expert_bias:
+            _attach_expert_bias(router, shape.num_experts)
     return model.to(device)
+
+
+def moe_routers(model: torch.nn.Module) -> list[TopKRouter]:
+    """Each MoE layer's router, in layer order (dense layers have none)."""
+    layers = model.decoder.layers  # type: ignore[union-attr]
+    return [layer.mlp.router for layer in layers if hasattr(layer.mlp, "router")]  # type: ignore[union-attr]
+
+
+def _attach_expert_bias(router: TopKRouter, num_experts: int) -> None:
+    """GLM-4.5's score-correction bias as the router's `expert_bias` buffer, which Megatron's
+    top-k adds to the scores before choosing (and not to the weights). Held fixed: Megatron's
+    own (`moe_router_enable_expert_bias`) is built on `torch.cuda.current_device()`, which a CPU
+    host lacks, and updates it from each step's expert loads, which RL of a released model has no
+    use for; the trainer then keeps the checkpoint's bias and the engine's routing agrees."""
+    del router.expert_bias  # Megatron's None attribute, so the name can be a buffer
+    router.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32))
 
 
 def _keep_rotary_on_host(model: GPTModel, inv_freq: Tensor, device: torch.device, use_gpu: bool) -> None:

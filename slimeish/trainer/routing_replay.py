@@ -4,8 +4,8 @@ Every MoE router gets a `RoutingReplay` as its `router_replay`, the hook Megatro
 `topk_routing_with_score_function` calls for the top-k step. With recorded routes for the
 micro-batch, it compares the trainer's own top-k with the engine's (the routing-mismatch metric,
 replay on or off) and, with replay on, hands back the engine's expert ids with the trainer's
-scores at those ids: softmax (or, with renormalisation, the softmax over the chosen logits) of
-the trainer's own router, so the router still gets its gradient. Tokens without a record (padding,
+scores at those ids (Megatron turns them into the routing weights: softmax, or sigmoid renormalised
+and scaled, of the trainer's own router), so the router still gets its gradient. Tokens without a record (padding,
 a sample's last token, samples without routes) keep the trainer's own choice.
 """
 
@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from slimeish.trainer.model import moe_routers
 
 TopK = Callable[..., tuple[Tensor, Tensor]]
 
@@ -45,15 +47,16 @@ class RoutingReplay:
 
 
 class ModelRouting:
-    """The replay states of one model's MoE layers, set per micro-batch."""
+    """The replay states of one model's MoE layers (dense layers have no router), set per micro-batch."""
 
     def __init__(self, model: torch.nn.Module, *, replay: bool):
-        self.layers = [RoutingReplay(replay) for _ in model.decoder.layers]  # type: ignore[union-attr]
-        for layer, state in zip(model.decoder.layers, self.layers, strict=True):  # type: ignore[union-attr, arg-type]
-            layer.mlp.router.router_replay = state
+        routers = moe_routers(model)
+        self.layers = [RoutingReplay(replay) for _ in routers]
+        for router, state in zip(routers, self.layers, strict=True):
+            router.router_replay = state
 
     def set_routes(self, routes: Tensor | None) -> None:
-        """`routes`: `[b, s, layers * top_k]` (-1 where not recorded) for the next forward, or None."""
+        """`routes`: `[b, s, moe_layers * top_k]` (-1 where not recorded) for the next forward, or None."""
         for j, state in enumerate(self.layers):
             if routes is None:
                 state.target = None

@@ -218,7 +218,7 @@ class Trainer:
             metrics["rollout_logprob_abs_diff_mean"] = sums["_abs_diff"] / sums["_is_tokens"]
             metrics["rollout_logprob_abs_diff_max"] = sums["_abs_diff_max"]
         if self.shape.num_experts:
-            metrics["moe_aux_loss"] = moe_aux_loss(self.shape.num_layers, max(len(micro_batches), 1))
+            metrics["moe_aux_loss"] = moe_aux_loss(self.shape.num_moe_layers, max(len(micro_batches), 1))
         if self.routing is not None:
             metrics.update(self.routing.take_mismatch())
         self.state.step += 1

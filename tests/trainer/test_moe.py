@@ -1,9 +1,11 @@
-"""Qwen3-MoE in the trainer: Megatron's MoE layers built from the HF config, expert parallel 1 on CPU.
+"""Qwen3-MoE and GLM-4.5 in the trainer: Megatron's MoE layers built from the HF config, expert
+parallel 1 on CPU.
 
 The tiny checkpoints are written by `save_pretrained`, so they hold the per-expert names that
-published Qwen3-MoE checkpoints have. Weights are drawn larger than the default init so that the
-router's choices and the experts' outputs differ visibly: a wrong expert order or router rule
-would move the logits far beyond the bound.
+published Qwen3-MoE and GLM-4.5 checkpoints have. The GLM-4.5 one takes the paths its released
+configs leave off: group-limited routing (2 groups, the best 1) and q/k norms. Weights are drawn
+larger than the default init so that the router's choices and the experts' outputs differ
+visibly: a wrong expert order or router rule would move the logits far beyond the bound.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, Qwen3MoeConfig
+from transformers import AutoConfig, AutoModelForCausalLM, Glm4MoeConfig, Qwen3MoeConfig
 
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.convert import hf_to_megatron, megatron_to_hf
@@ -22,19 +24,28 @@ from slimeish.trainer.trainer import Trainer
 from tests.trainer.trainer_helpers import random_samples
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["norm_topk", "no_norm_topk"])
+def moe_config(kind: str):
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  num_experts_per_tok=2, max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
+    if kind == "glm4_moe":  # layer 0 dense, layer 1 sparse with a shared expert
+        glm = dict(n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)
+        return Glm4MoeConfig(**common, **glm, routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True)
+    return Qwen3MoeConfig(**common, num_experts=4, norm_topk_prob=kind == "norm_topk")
+
+
+@pytest.fixture(scope="module", params=["norm_topk", "no_norm_topk", "glm4_moe"])
 def moe_dir(request, tmp_path_factory):
-    cfg = Qwen3MoeConfig(vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=request.param,
-                         max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_config(moe_config(request.param), dtype=torch.float32)
     with torch.no_grad():
         for p in hf.parameters():
             if p.ndim >= 2:
                 p.normal_(std=0.3)
-    out = tmp_path_factory.mktemp("qwen3-moe")
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a trained model's is not zero
+                b.normal_(std=0.3)
+    out = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(out)
     return out
 
@@ -43,7 +54,7 @@ def test_round_trip_is_bit_exact_and_logits_match(moe_dir):
     cfg = AutoConfig.from_pretrained(moe_dir)
     shape = model_shape(cfg)
     ref = read_hf_weights(moe_dir)
-    assert "model.layers.0.mlp.experts.3.down_proj.weight" in ref and "model.layers.1.mlp.gate.weight" in ref
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in ref and "model.layers.1.mlp.gate.weight" in ref
     mg = build_gpt_model(cfg).eval()
     load_megatron_into(mg, hf_to_megatron(ref, shape))
     back = megatron_to_hf(megatron_params(mg), shape)
@@ -65,7 +76,7 @@ def test_a_step_trains_router_and_experts_and_exports_loadable_weights(moe_dir, 
     assert all(math.isfinite(v) for v in metrics.values())
     after = trainer.hf_state_dict()
     assert set(after) == set(before)
-    for name in ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.0.gate_proj.weight"):
+    for name in ("model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.0.gate_proj.weight"):
         assert not torch.equal(before[name], after[name]), name
     hf = AutoModelForCausalLM.from_pretrained(trainer.export_hf(tmp_path / "hf"), dtype=torch.float32).eval()
     samples = random_samples(1, 2, seed=4, vocab=300)
@@ -84,6 +95,7 @@ def test_dense_layers_between_moe_layers_are_refused(tmp_path):
         build_gpt_model(cfg)
 
 
+@pytest.mark.parametrize("moe_dir", ["norm_topk", "no_norm_topk"], indirect=True)  # GLM-4.5 trains without one
 def test_the_load_balancing_loss_is_reported_and_alone_trains_the_routers(moe_dir):
     """Equal rewards give zero advantages, so the policy loss has no gradient: whatever moves is
     moved by the aux loss, which reaches the routers and everything below them, but not the last

@@ -1,9 +1,11 @@
-"""Qwen3-MoE between the embedded engine and the trainer: log-prob parity, weights by checkpoint
-names, the routed experts the engine records, and routing replay (R3).
+"""Qwen3-MoE and GLM-4.5 between the embedded engine and the trainer: log-prob parity, weights by
+checkpoint names, the routed experts the engine records, and routing replay (R3).
 
-The model is `make-tiny-model --arch qwen3_moe --family qwen3` (config-exact Qwen3-MoE: every
-layer sparse, 4 experts, top-2, renormalised). The engine runs in-process (its scheduler and
-runner); its HTTP side is covered in tests/engine/test_server.py.
+The models are `make-tiny-model --arch qwen3_moe --family qwen3` (config-exact Qwen3-MoE: every
+layer sparse, 4 experts, top-2, renormalised) and `--arch glm4_moe --family glm-4.5` (config-exact
+GLM-4.5: layer 0 dense, layer 1 sigmoid-routed with a correction bias and a shared expert). The
+engine runs in-process (its scheduler and runner); its HTTP side is covered in
+tests/engine/test_server.py.
 """
 
 from __future__ import annotations
@@ -16,15 +18,30 @@ import torch
 from slimeish.common.routed_experts import decode_routed_experts, encode_routed_experts
 from slimeish.common.sample import Sample
 from slimeish.engine.model_runner import ModelRunner
+from slimeish.engine.moe import moe_routers
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.trainer import Trainer
 
 PAGE = 4
 
 
-@pytest.fixture(scope="module")
-def moe_model(tiny_model_factory):
-    return tiny_model_factory("qwen3_moe", family="qwen3")
+FAMILY = {"qwen3_moe": "qwen3", "glm4_moe": "glm-4.5"}
+# the published checkpoints' config keys, as make-tiny-model writes them
+CONFIG_KEYS = {
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "head_dim": 16, "tie_word_embeddings": False},
+    "glm4_moe": {"architectures": ["Glm4MoeForCausalLM"], "n_routed_experts": 4, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
+                 "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "attention_bias": True,
+                 "use_qk_norm": False, "head_dim": 16, "tie_word_embeddings": False,
+                 "rope_parameters": {"partial_rotary_factor": 0.5, "rope_theta": 10000.0, "rope_type": "default"}},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(FAMILY))
+def moe_model(request, tiny_model_factory):
+    return tiny_model_factory(request.param, family=FAMILY[request.param])
 
 
 def engine_pass(runner: ModelRunner, tokens: list[int], first_page: int) -> tuple[list[float], str]:
@@ -61,13 +78,10 @@ def gap(trainer: Trainer, samples: list[Sample]) -> tuple[float, float]:
     return diffs.abs().max().item(), diffs.abs().mean().item()
 
 
-def test_the_tiny_model_has_qwen3_moe_config_keys(moe_model):
+def test_the_tiny_model_has_the_published_config_keys(moe_model):
     config = json.loads((moe_model / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["model_type"] == "qwen3_moe"
-    expected = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
-                "decoder_sparse_step": 1, "mlp_only_layers": [], "head_dim": 16,
-                "tie_word_embeddings": False}  # fmt: skip
-    assert {k: config[k] for k in expected} == expected
+    expected = CONFIG_KEYS[config["model_type"]]
+    assert {k: config.get(k) for k in expected} == expected
     assert "num_local_experts" not in config
 
 
@@ -75,7 +89,9 @@ def test_engine_and_trainer_log_probs_agree_and_the_routes_are_the_trainers(moe_
     runner = make_runner(moe_model)
     samples = engine_samples(runner, 4, seed=0)
     routes = decode_routed_experts(samples[0].rollout_routed_experts, len(samples[0].tokens) - 1)
-    assert routes.shape == (len(samples[0].tokens) - 1, 2 * 2)  # tokens x (layers x top-k)
+    moe_layers = len(moe_routers(runner.model))
+    assert moe_layers == {"qwen3_moe": 2, "glm4_moe": 1}[runner.model.config.model_type]  # GLM-4.5's first is dense
+    assert routes.shape == (len(samples[0].tokens) - 1, moe_layers * 2)  # tokens x (MoE layers x top-k)
     assert routes.min() >= 0 and routes.max() < 4
     trainer = Trainer(TrainerConfig(model_path=moe_model), LossConfig())
     assert gap(trainer, samples)[0] <= 1e-5
@@ -98,8 +114,8 @@ def perturbed_engine(moe_model, scale: float) -> ModelRunner:
     runner = make_runner(moe_model)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
-        for layer in runner.model.model.layers:
-            w = layer.mlp.gate.weight
+        for router in moe_routers(runner.model):
+            w = router.weight
             w += scale * w.abs().mean() * torch.randn(w.shape, generator=gen)
     return runner
 
@@ -112,7 +128,7 @@ def test_replay_removes_the_routing_mismatch_and_shrinks_the_log_prob_gap(moe_mo
         max_gap, mean_gap = gap(trainer, samples)
         results[replay] = (trainer.routing.take_mismatch(), max_gap, mean_gap)
     (off, off_max, off_mean), (on, on_max, on_mean) = results[False], results[True]
-    # the perturbation flips routes (with replay, layer 1 sees other inputs, so its own top-k moves too)
+    # the perturbation flips routes (with replay, Qwen3-MoE's layer 1 sees other inputs, so its own top-k moves too)
     assert off["routing_mismatch_own"] > 0.05 and on["routing_mismatch_own"] > 0.05
     assert off["routing_mismatch"] == off["routing_mismatch_own"] and on["routing_mismatch"] == 0.0
     assert on_mean < off_mean and on_max < off_max
@@ -123,7 +139,7 @@ def test_replay_removes_the_routing_mismatch_and_shrinks_the_log_prob_gap(moe_mo
 def test_a_replayed_train_step_reports_the_mismatch_and_trains_the_router(moe_model):
     samples = engine_samples(perturbed_engine(moe_model, scale=0.5), 4, seed=4)
     trainer = Trainer(TrainerConfig(model_path=moe_model, lr=1e-2, use_rollout_routing_replay=True), LossConfig())
-    before = trainer.hf_state_dict()["model.layers.0.mlp.gate.weight"]
+    before = trainer.hf_state_dict()["model.layers.1.mlp.gate.weight"]
     metrics = trainer.train_step(samples)
     assert metrics["routing_mismatch"] == 0.0 and metrics["routing_mismatch_own"] > 0
-    assert not torch.equal(before, trainer.hf_state_dict()["model.layers.0.mlp.gate.weight"])
+    assert not torch.equal(before, trainer.hf_state_dict()["model.layers.1.mlp.gate.weight"])
