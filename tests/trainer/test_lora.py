@@ -152,7 +152,8 @@ def test_sync_pushes_only_the_adapter_and_the_engine_serves_it_unmerged(tiny_mod
     assert _max_gap(trainer, lora) <= 1e-5
     assert _max_gap(trainer, base) > 1e-3  # the adapter does change the policy; the engine's base is untouched
     info = httpx.get(f"{url}/model_info").json()
-    assert info["weight_version"] == "2"
+    assert info["lora_weight_versions"][LORA_ADAPTER_NAME] == "2"  # the adapter's own version
+    assert info["weight_version"] == "0"  # the base weights did not change
 
 
 def test_engine_adapter_endpoints(engine, lora_trainer, tmp_path):
@@ -191,7 +192,7 @@ def test_a_lora_run_through_the_router_samples_with_its_adapter(tiny_model, engi
         trainer.state.weight_version = 50  # distinct from the other tests' versions on this engine
         with WeightSync(WeightSyncConfig(router_url=url, admin_token=token)) as sync:
             sync.sync(trainer)
-            assert sync.serves(50)
+            assert sync.serves(50, adapter=LORA_ADAPTER_NAME) and not sync.serves(50)  # the adapter's version
         samples = router_samples(url, token, PROMPTS, group_size=2, max_new_tokens=8)
         assert _max_gap(trainer, samples) <= 1e-5
 
