@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from slimeish.buffer import SessionInfo
 from slimeish.common.sample import Status
 from slimeish.router.capture import NEXT_TURN_PROMPT
-from slimeish.router.engine_pool import UPDATE_PATHS, UpdatePath, refused_by_all
+from slimeish.router.engine_pool import UPDATE_PATHS, UpdatePath, refused_by_all, update_target
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import bearer_token, parse, read_json, request_key
@@ -98,8 +98,10 @@ async def create_session(
     except ValueError as e:
         raise APIError(400, str(e), param="index") from None
     if session.identity.session_id not in state.sessions.by_id:  # else a retry whose first answer was lost
+        # a session bound to a policy says so on its samples: policies sharing a run are told apart there
+        metadata = req.metadata | ({"lora_path": req.lora_path} if req.lora_path else {})
         info = SessionInfo(
-            session.identity.session_id, req.group_id, req.index, req.group_size, req.metadata, req.trainable,
+            session.identity.session_id, req.group_id, req.index, req.group_size, metadata, req.trainable,
             owner=state.config.router_id,
         )  # fmt: skip
         await _open(state, session, info)
@@ -196,9 +198,15 @@ EngineBody = Annotated[EngineURL, Depends(json_body(EngineURL))]
 
 
 def _pool(state: RouterState) -> JSONObject:
-    """The engines, and the weight version of the last update this router did or recorded."""
-    update = state.pool.update
-    return {"engines": [e.as_dict() for e in state.pool.engines.values()], "weight_version": update and update.version}
+    """The engines, and the versions of the last updates this router did or recorded: of the base
+    weights, and of each LoRA adapter."""
+    updates = state.pool.updates
+    base = updates.get(None)
+    return {
+        "engines": [e.as_dict() for e in state.pool.engines.values()],
+        "weight_version": base and base.version,
+        "adapter_versions": {u.adapter: u.version for u in updates.values() if u.adapter is not None},
+    }
 
 
 @admin.get("/admin/engines")
@@ -258,8 +266,9 @@ def _fan_out_route(name: str) -> None:
         body = await read_json(request) if await request.body() else {}
         results = await state.pool.fan_out("/" + name, body)
         if "/" + name in UPDATE_PATHS:
+            target = update_target("/" + name, body)  # a LoRA adapter's load: that adapter's version
             for r in results:  # as each engine reported it after the update (None: not reached)
-                r["weight_version"] = state.pool.engines[r["url"]].weight_version if r["ok"] else None
+                r["weight_version"] = state.pool.engines[r["url"]].version(target) if r["ok"] else None
         return {"ok": not refused_by_all(results), "engines": results}
 
     admin.add_api_route(f"/admin/{name}", handler, methods=["POST"], name=name)

@@ -32,8 +32,8 @@ class RouterConfig:
     lora_path: str | None = help_field(
         None,
         help="LoRA runs: every generation asks the engines for this loaded LoRA adapter (SGLang's lora_path; "
-        "`slimeish train --lora-rank` sets it to `policy`, the name its weight sync loads the adapter under) "
-        "(default: None: the base weights)",
+        "`slimeish train --lora-rank` sets it to its --lora-name, the name its weight sync loads the adapter "
+        "under); a session opened with its own lora_path samples with that one (default: None: the base weights)",
     )
     buffer_url: str | None = help_field(None, help="redis:// URL of the data buffer; without it turns stay in memory")
     run_id: str = help_field("default", help="run id under which the buffer stores this run")

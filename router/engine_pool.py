@@ -11,7 +11,9 @@ generation must not empty the pool.
 Weight updates go to the engines that are up (`fan_out`); one that is down is skipped, and the
 pool remembers the last update, so an engine that comes back serving an older version (restarted,
 or down during an update) is brought to the pool's version before it is re-admitted. With several
-routers, one fans the update out and the others only `record` it.
+routers, one fans the update out and the others only `record` it. Each LoRA adapter has a version of
+its own (several runs share the engines, each syncing its adapter): the pool keeps the last update of
+the base weights and of each adapter, and replays each one an engine is behind on.
 
 The client is aiohttp: the router's own cost per turn is mostly this hop, and with many
 connections to one engine httpx spent ~1.1 ms of CPU per request in its connection pool, aiohttp
@@ -26,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, get_args
 
 import aiohttp
@@ -115,7 +117,11 @@ def _check_status(engine: Engine, status: int, content: bytes) -> None:
 def refused_by_all(results: list[JSONObject]) -> bool:
     """A fan-out that engines answered with errors and none took: the call itself is bad (a
     payload no engine can load), unlike engines that were down, which are skipped."""
-    return not any(r["ok"] for r in results) and any("status_code" in r for r in results)
+    return not _took(results) and any("status_code" in r for r in results)
+
+
+def _took(results: list[JSONObject]) -> bool:
+    return any(r["ok"] for r in results)
 
 
 class EngineFailedMidStream(RuntimeError):
@@ -140,6 +146,16 @@ class WeightUpdate:
     body: JSONObject
     version: int
 
+    @property
+    def adapter(self) -> str | None:
+        return update_target(self.path, self.body)
+
+
+def update_target(path: str, body: Mapping[str, Any]) -> str | None:
+    """What an update (or unload) changes: the LoRA adapter it names, or None for the base weights."""
+    name = body.get("lora_name") if path in ("/load_lora_adapter", "/unload_lora_adapter") else None
+    return name if isinstance(name, str) else None
+
 
 @dataclass
 class Engine:
@@ -147,7 +163,8 @@ class Engine:
     healthy: bool = True
     inflight: int = 0
     sessions: int = 0
-    weight_version: int | None = None
+    weight_version: int | None = None  # of the base weights
+    adapter_versions: dict[str, int] = field(default_factory=dict)  # of each LoRA adapter it serves
     refused: str | None = None  # why the engine is kept out of the pool until it is added again
     version_checked: bool = False
     failed_checks: int = 0  # health checks in a row it answered late or not 200
@@ -155,7 +172,18 @@ class Engine:
     down_since: float | None = None  # when it became unhealthy (time.time())
 
     def as_dict(self) -> JSONObject:
-        return {k: getattr(self, k) for k in ("url", "healthy", "inflight", "sessions", "weight_version", "refused")}
+        keys = ("url", "healthy", "inflight", "sessions", "weight_version", "adapter_versions", "refused")
+        return {k: getattr(self, k) for k in keys}
+
+    def version(self, adapter: str | None) -> int | None:
+        """The version it serves of the base weights (None) or of a LoRA adapter (None: not loaded)."""
+        return self.weight_version if adapter is None else self.adapter_versions.get(adapter)
+
+    def note_version(self, adapter: str | None, version: int) -> None:
+        if adapter is None:
+            self.weight_version = version
+        else:
+            self.adapter_versions[adapter] = version
 
 
 def _set_health(engine: Engine, healthy: bool, failure: str) -> None:
@@ -172,14 +200,20 @@ Answer = GenerateReply | list[GenerateReply]  # a list when the request asked fo
 
 
 async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[Answer, None]:
-    """A non-streamed answer, as one item; it carries the engine's current weight version."""
+    """A non-streamed answer, as one item."""
     content = await response.read()
     _check_status(engine, response.status, content)
-    data: Answer = orjson.loads(content)
-    first: GenerateReply = (data[0] if data else {}) if isinstance(data, list) else data
-    if (version := first.get("meta_info", {}).get("weight_version")) is not None:
-        engine.weight_version = int(version)  # SGLang sends it as a string
-    yield data
+    yield orjson.loads(content)
+
+
+def _note_answer_version(engine: Engine, answer: Answer, payload: Mapping[str, Any]) -> None:
+    """An answer carries the version the engine serves now of what it sampled with: the base weights,
+    or the request's LoRA adapter (a batch of several adapters says nothing of one)."""
+    first: GenerateReply = (answer[0] if answer else {}) if isinstance(answer, list) else answer
+    adapter = payload.get("lora_path")
+    version = first.get("meta_info", {}).get("weight_version")
+    if version is not None and (adapter is None or isinstance(adapter, str)):
+        engine.note_version(adapter, int(version))  # SGLang sends it as a string
 
 
 async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[GenerateReply, None]:
@@ -214,7 +248,7 @@ class EnginePool:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(timeout, CONNECT_TIMEOUT), sock_read=timeout)
         self.retries = retries  # other engines tried after one cannot be reached
         self.engines: dict[str, Engine] = {}
-        self.update: WeightUpdate | None = None
+        self.updates: dict[str | None, WeightUpdate] = {}  # the last update of the base (None) and of each adapter
         self._updating = asyncio.Lock()  # an update fan-out and a catch-up never interleave
         for url in urls:
             self.add(url)
@@ -265,8 +299,9 @@ class EnginePool:
         """POST /generate, retried on another engine only when one cannot be reached (see
         `_not_reached`)."""
         # `_whole` yields one answer; running `_send` to its end releases the engine right there.
-        [answer] = [a async for a in self._send(orjson.dumps(payload), sticky, _whole)]
-        return answer
+        [(answer, engine)] = [a async for a in self._send(orjson.dumps(payload), sticky, _whole)]
+        _note_answer_version(engine, answer, payload)
+        return answer, engine
 
     def stream(self, payload: Mapping[str, Any], sticky: str | None) -> AsyncIterator[tuple[GenerateReply, Engine]]:
         """POST /generate with `stream: true`, yielding SGLang chunks; an engine that cannot be
@@ -360,29 +395,35 @@ class EnginePool:
         _set_health(engine, healthy, engine.refused or failure)
 
     def _behind(self, engine: Engine) -> bool:
-        """Serving an older version than the last update (or none it reports). An engine ahead of
-        it was updated by another router of the run before this one learnt of it (`record`):
-        catching up only ever moves an engine forward."""
-        if self.update is None:
-            return False
-        return engine.weight_version is None or engine.weight_version < self.update.version
+        return bool(self._missed(engine))
+
+    def _missed(self, engine: Engine) -> list[WeightUpdate]:
+        """The last updates (base weights first) of what it serves an older version of, or none
+        it reports. An engine ahead of one was updated by another router of the run before this one
+        learnt of it (`record`): catching up only ever moves an engine forward."""
+        ordered = sorted(self.updates.values(), key=lambda u: u.adapter is not None)
+        return [u for u in ordered if (v := engine.version(u.adapter)) is None or v < u.version]
 
     async def _catch_up(self, engine: Engine) -> bool:
-        """Replay the last weight update to an engine serving another version; whether it took it."""
+        """Replay each last update an engine is behind on; whether it took them all."""
         async with self._updating:
-            update = self.update
-            if update is None or not self._behind(engine):
-                return True
-            log.warning(
-                "engine %s serves weight version %s, the pool %d: loading it before re-admission",
-                engine.url, engine.weight_version, update.version,
-            )  # fmt: skip
-            result = await self._post(engine, update.path, update.body)
-            await self._check_version(engine)
+            missed = self._missed(engine)
+            for update in missed:
+                what = f"LoRA adapter {update.adapter!r}" if update.adapter else "weight"
+                log.warning(
+                    "engine %s serves %s version %s, the pool %d: loading it before re-admission",
+                    engine.url, what, engine.version(update.adapter), update.version,
+                )  # fmt: skip
+                result = await self._post(engine, update.path, update.body)
+                if not result["ok"]:
+                    log.error("engine %s failed to load %s version %d: %s", engine.url, what, update.version, result)
+            if missed:
+                await self._check_version(engine)
         if not self._behind(engine):
-            log.warning("engine %s caught up to weight version %d", engine.url, update.version)
+            if missed:
+                log.warning("engine %s caught up to the pool's weight versions", engine.url)
             return True
-        log.error("engine %s failed to load weight version %d: %s", engine.url, update.version, result)
+        log.error("engine %s still serves older weights than the pool after the catch-up", engine.url)
         return False
 
     async def _check_version(self, engine: Engine) -> None:
@@ -395,7 +436,12 @@ class EnginePool:
             info = orjson.loads(content) if status == 200 else None
         except orjson.JSONDecodeError:
             return
-        version = info.get("weight_version") if isinstance(info, dict) else None
+        if not isinstance(info, dict):
+            return
+        adapters = info.get("lora_weight_versions")  # the embedded engine's (SGLang reports none)
+        if isinstance(adapters, dict):
+            engine.adapter_versions = {n: int(v) for n, v in adapters.items()}
+        version = info.get("weight_version")
         if version is None:
             return
         try:
@@ -430,6 +476,8 @@ class EnginePool:
             ordered = [results[e.url] for e in engines]
             if is_update and not refused_by_all(ordered):
                 await self._record_update(path, body or {}, up)
+            elif path == "/unload_lora_adapter" and (gone := update_target(path, body or {})) and _took(ordered):
+                self.updates.pop(gone, None)  # no engine that comes back gets it again
         return ordered
 
     async def _record_update(self, path: str, body: JSONObject, up: list[Engine]) -> None:
@@ -438,12 +486,13 @@ class EnginePool:
         version = body.get("weight_version")
         if version is None:
             return
-        self.update = WeightUpdate(path, body, int(version))
+        update = WeightUpdate(path, body, int(version))
+        self.updates[update.adapter] = update
         for engine in (e for e in up if e.healthy):
             with contextlib.suppress(*HTTP_ERRORS):
                 await self._check_version(engine)
-            if engine.weight_version != self.update.version:
-                self._eject(engine, f"reports weight version {engine.weight_version} after the update")
+            if (served := engine.version(update.adapter)) != update.version:
+                self._eject(engine, f"reports version {served} of {path}'s weights after the update")
 
     async def record(self, path: str, body: JSONObject) -> None:
         """Learn an update another router of the run fanned out (router replicas: each engine is
@@ -454,7 +503,8 @@ class EnginePool:
         if version is None:
             raise ValueError("the update's body has no weight_version: there is nothing to catch engines up to")
         async with self._updating:
-            self.update = WeightUpdate(path, body, int(version))
+            update = WeightUpdate(path, body, int(version))
+            self.updates[update.adapter] = update
             for engine in (e for e in self.engines.values() if e.healthy):
                 with contextlib.suppress(*HTTP_ERRORS):
                     await self._check_version(engine)

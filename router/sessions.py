@@ -53,6 +53,9 @@ class CreateSession(BaseModel):
     # False for evaluation episodes: captured and stored like any other, never handed to a trainer.
     trainable: bool = True
     sampling_defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    # The LoRA adapter (a policy's, loaded on the engines under this name) every turn samples with:
+    # several policies share the engines, each session bound to one. None: the router's --lora-path.
+    lora_path: str | None = Field(default=None, min_length=1)
 
 
 class FinishSession(BaseModel):
@@ -78,6 +81,7 @@ class SessionIdentity:
     group_size: int
     metadata: Mapping[str, Any]
     sampling_defaults: SamplingParams  # the ones a turn may omit (read-only: copied where a turn adds its own)
+    lora_path: str | None = None  # its policy's LoRA adapter; None: the router's --lora-path
 
 
 @dataclass(eq=False, slots=True)
@@ -180,6 +184,7 @@ class Session:
             "index": ident.index,
             "group_size": ident.group_size,
             "sampling_defaults": dict(ident.sampling_defaults),
+            "lora_path": ident.lora_path,
             "engine": self.ledger.engine,
             "turns": self.ledger.turns,
             "finished": self._finished.model_dump() if self._finished else None,
@@ -233,6 +238,7 @@ class SessionRegistry:
             group_size=req.group_size,
             metadata=req.metadata,
             sampling_defaults=cast(SamplingParams, req.sampling_defaults.model_dump(exclude_none=True)),
+            lora_path=req.lora_path,
         )
         session = Session(identity, self.new_capture())
         self.by_slot[slot] = (req, session)

@@ -100,13 +100,15 @@ class TurnRunner:
         self.pool, self.store, self.metrics = pool, store, metrics
         # every engine request asks for the experts of each token (MoE routing replay)
         self.routed_experts = routed_experts
-        self.lora_path = lora_path  # a LoRA run samples with the trainer's adapter, never the bare base
+        # a LoRA run samples with the trainer's adapter, never the bare base; a session opened with
+        # its own `lora_path` (another policy sharing the engines) samples with that one
+        self.lora_path = lora_path
 
     async def generate(
         self, session: Session | None, input_ids: list[int], sampling: SamplingParams, extra: JSONObject
     ) -> list[Generation]:
         """Generate `sampling["n"]` continuations on one engine (the session's, if healthy)."""
-        payload = self._request(input_ids, sampling, extra)
+        payload = self._request(session, input_ids, sampling, extra)
         sticky = session.ledger.engine if session else None
         data, engine = await self.pool.generate(payload, sticky)
         if session is not None and session.ledger.engine != engine.url:
@@ -120,7 +122,7 @@ class TurnRunner:
         self, session: Session | None, input_ids: list[int], sampling: SamplingParams, extra: JSONObject
     ) -> AsyncIterator[tuple[GenerateReply, str]]:
         """Like `generate`, streamed: (SGLang chunk, engine URL) pairs."""
-        payload = self._request(input_ids, sampling, extra)
+        payload = self._request(session, input_ids, sampling, extra)
         sticky = session.ledger.engine if session else None
         async for chunk, engine in self.pool.stream(payload, sticky):
             if session is not None and session.ledger.engine != engine.url:
@@ -129,14 +131,16 @@ class TurnRunner:
                 self._move(session, engine.url)
             yield chunk, engine.url
 
-    def _request(self, input_ids: list[int], sampling: SamplingParams, extra: JSONObject) -> dict[str, object]:
+    def _request(
+        self, session: Session | None, input_ids: list[int], sampling: SamplingParams, extra: JSONObject
+    ) -> dict[str, object]:
         """The /generate body: `extra` holds fields beyond the router's own (chat's
         `top_logprobs_num`; the token-in client's other SGLang fields, passed on as sent)."""
         request: GenerateRequest = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True}
         if self.routed_experts:
             request["return_routed_experts"] = True
-        if self.lora_path is not None:
-            request["lora_path"] = self.lora_path
+        if (lora_path := (session and session.identity.lora_path) or self.lora_path) is not None:
+            request["lora_path"] = lora_path
         # the router's own fields win: a token-in body's `lora_path: null` or `return_logprob: false`
         # must not make the stored turn another policy's sample, or one without its log-probs
         return {**extra, **request}

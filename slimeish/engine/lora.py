@@ -68,6 +68,8 @@ class LoraServing:
     def __init__(self, model: nn.Module):
         self.model = model
         self.adapters: dict[str, LoraAdapter] = {}
+        # each adapter's weight version: its own, as several runs' adapters share the engine
+        self.versions: dict[str, int] = {}
         self._hooked: set[str] = set()
         self._rows: list[str | None] = []
 
@@ -75,18 +77,22 @@ class LoraServing:
         """Read adapter files (any thread); `install` makes them served."""
         return read_peft_adapter(name, path, self.model)
 
-    def install(self, adapter: LoraAdapter) -> None:
-        """Serve `adapter` (replacing one of its name: the next forward uses the new weights). Call it
-        between forwards (the engine's event loop), as it may add hooks."""
+    def install(self, adapter: LoraAdapter, version: int | None) -> int:
+        """Serve `adapter` (replacing one of its name: the next forward uses the new weights) at weight
+        `version` (None: one more than its name's last, 0 for a new name); returns the version. Call
+        it between forwards (the engine's event loop), as it may add hooks."""
         linears = dict(self.model.named_modules())
         for module in adapter.modules.keys() - self._hooked:
             linears[module].register_forward_hook(self._hook(module))
             self._hooked.add(module)
         self.adapters[adapter.name] = adapter
+        self.versions[adapter.name] = self.versions.get(adapter.name, -1) + 1 if version is None else version
+        return self.versions[adapter.name]
 
     def unload(self, name: str) -> None:
         if self.adapters.pop(name, None) is None:
             raise ValueError(f"no LoRA adapter named {name!r} is loaded; loaded: {sorted(self.adapters)}")
+        del self.versions[name]
 
     @contextmanager
     def rows(self, adapters: list[str | None]) -> Iterator[None]:

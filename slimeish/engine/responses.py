@@ -23,7 +23,7 @@ def render(seq: Sequence, sched: Scheduler, *, index: int | None, text: str | No
         "completion_tokens": len(seq.output_ids),
         "cached_tokens": seq.cached_tokens,
         # SGLang's schema has the version as a string
-        "weight_version": str(spans[-1][0] if spans else sched.weight_version),
+        "weight_version": str(spans[-1][0] if spans else sched.version_of(seq)),
         "weight_versions": [{"version": str(v), "start": a, "end": b} for v, a, b in spans],
         "e2e_latency": time.monotonic() - seq.started_at,
     }

@@ -96,7 +96,11 @@ class Scheduler:
         seed = req.seed if req.seed is not None else random.getrandbits(63)
         p = req.params
         seq = Sequence(req, notify, random.Random(seed), RowSampling(p.temperature, p.top_p, p.top_k))
-        if req.max_new_tokens == 0 and not req.wants_prompt_logprobs:
+        if req.lora_path is not None and req.lora_path not in self.runner.lora.adapters:
+            # unloaded after the request was parsed (off the event loop) and before it got here:
+            # answered as aborted, as a forward must never meet an adapter name it cannot find
+            self._finish(seq, {"type": "abort", "message": f"LoRA adapter {req.lora_path!r} was unloaded"})
+        elif req.max_new_tokens == 0 and not req.wants_prompt_logprobs:
             self._finish(seq, {"type": "length", "length": 0})
         else:
             self.waiting.append(seq)
@@ -240,12 +244,17 @@ class Scheduler:
             else:
                 seq.notify(seq)
 
+    def version_of(self, seq: Sequence) -> int:
+        """The weight version `seq` samples under: its LoRA adapter's own, or the base model's (also
+        for a request refused before its first token because its adapter was unloaded)."""
+        return self.runner.lora.versions.get(seq.req.lora_path or "", self.weight_version)
+
     def _note_version(self, seq: Sequence) -> None:
-        n = len(seq.output_ids)
-        if seq.weight_spans and seq.weight_spans[-1][0] == self.weight_version:
+        n, version = len(seq.output_ids), self.version_of(seq)
+        if seq.weight_spans and seq.weight_spans[-1][0] == version:
             seq.weight_spans[-1][2] = n
         else:
-            seq.weight_spans.append([self.weight_version, n - 1, n])
+            seq.weight_spans.append([version, n - 1, n])
 
     def _stop_reason(self, seq: Sequence, token: int) -> dict | None:
         p = seq.req.params

@@ -231,6 +231,8 @@ def _add_info_routes(app: FastAPI, engine: Engine) -> None:
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": str(engine.scheduler.weight_version),  # SGLang's schema: a string
+                # not SGLang's: each loaded LoRA adapter's own version (a LoRA run's sync versions its adapter)
+                "lora_weight_versions": {name: str(v) for name, v in engine.runner.lora.versions.items()},
                 "load_format": "auto",
                 "engine": ENGINE_NAME,  # not SGLang's: lets `slimeish train` tell its own engines apart
             }
@@ -345,9 +347,7 @@ def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
             adapter = await asyncio.to_thread(lora.read, name, path)  # reading files stays off the event loop
         except (ValueError, OSError, KeyError) as e:
             return reply(False, f"loading LoRA adapter {name!r} failed: {e}")
-        lora.install(adapter)
-        extra = {} if version is None else {"weight_version": str(engine.set_weight_version(version))}
-        return reply(True, **extra)
+        return reply(True, weight_version=str(lora.install(adapter, version)))
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Response:

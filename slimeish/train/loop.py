@@ -27,7 +27,7 @@ from slimeish.train.launch import RunningStack, Stack
 from slimeish.train.metrics import batch_metrics, prefixed, timed
 from slimeish.train.parts import Parts, started
 from slimeish.train.setup import TrainSetup, check_plugins, jsonable, parse_args
-from slimeish.trainer.config import LORA_ADAPTER_NAME, TrainerConfig
+from slimeish.trainer.config import TrainerConfig
 
 log = logging.getLogger("slimeish.train")
 
@@ -74,7 +74,7 @@ def router_flags(trainer: TrainerConfig) -> list[str]:
     replays them), and its LoRA adapter (it trains that, not the bare base model)."""
     out = ["--return-routed-experts"] if trainer.use_rollout_routing_replay else []
     if trainer.lora_rank:
-        out.append(f"--lora-path={LORA_ADAPTER_NAME}")  # the name `slimeish train`'s weight sync loads it under
+        out.append(f"--lora-path={trainer.lora_name}")  # the name `slimeish train`'s weight sync loads it under
     return out
 
 

@@ -118,7 +118,7 @@ async def trainer_and_sync(
 ) -> AsyncIterator[tuple[TrainerHandle, SyncHandle]]:
     """The trainer in this process and its weight sync, or (--trainer-world-size) its rank actors,
     each with its own weight sync (`slimeish.cluster.ranks`)."""
-    config = sync_config(setup.run, stack)
+    config = sync_config(setup.run, stack, lora_name=setup.trainer.lora_name)
     hook_args = custom_config(setup.slime_hooks)  # slime's hooks read the custom config's keys on args
     if setup.cluster.trainer_world_size:
         from slimeish.cluster.ranks import RanksSync, TrainerRanks  # Ray is an optional dependency
@@ -171,7 +171,8 @@ def eval_source(setup: TrainSetup) -> DataSource | None:
     return DataSource(prompts, setup.rollout.n_samples_per_eval_prompt, shuffle=False)
 
 
-def sync_config(run: RunConfig, stack: RunningStack) -> WeightSyncConfig:
+def sync_config(run: RunConfig, stack: RunningStack, *, lora_name: str) -> WeightSyncConfig:
+    """`lora_name`: a LoRA run's adapter name, the one its routers' --lora-path asks for."""
     from slimeish.trainer.weight_sync import WeightSyncConfig
 
     # The export dir is absolute: engines started elsewhere resolve paths from their own cwd.
@@ -185,4 +186,5 @@ def sync_config(run: RunConfig, stack: RunningStack) -> WeightSyncConfig:
         admin_token=stack.admin_token,
         method=run.weight_sync,
         disk_dir=disk_dir,
+        lora_name=lora_name,
     )

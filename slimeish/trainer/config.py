@@ -12,7 +12,8 @@ from typing import Literal
 
 from slimeish.common.config import help_field
 
-# The name a LoRA run's adapter is served under on the engines (requests give it as `lora_path`).
+# The default name a LoRA run's adapter is served under on the engines (requests give it as
+# `lora_path`); runs sharing engines each take their own (--lora-name).
 LORA_ADAPTER_NAME = "policy"
 # Megatron's linear layers a LoRA adapter can wrap (slimeish.trainer.lora says how each is split).
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
@@ -237,6 +238,11 @@ class TrainerConfig:
     lora_rank: int = help_field(
         0, help="LoRA rank: train low-rank adapters on a frozen base model (0: full fine-tuning)"
     )
+    lora_name: str = help_field(
+        LORA_ADAPTER_NAME,
+        help="LoRA runs: the name the adapter is loaded under on the engines (the weight sync's lora_name, the "
+        "routers' --lora-path); runs sharing engines (--engine-url) each need their own",
+    )
     lora_alpha: float = help_field(16.0, help="LoRA alpha: adapters add (alpha / rank) * B A x")
     lora_dropout: float = help_field(0.0, help="dropout on the adapters' input while training")
     lora_target_modules: list[str] = help_field(
@@ -270,6 +276,8 @@ class TrainerConfig:
     def _check_lora(self) -> None:
         if self.lora_rank < 0:
             raise ValueError("lora_rank must be >= 0 (0: no LoRA)")
+        if not self.lora_name:
+            raise ValueError("lora_name must be a non-empty adapter name")
         if not 0 <= self.lora_dropout < 1:
             raise ValueError("lora_dropout must be in [0, 1)")
         unknown = sorted(set(self.lora_target_modules) - set(LORA_TARGETS))

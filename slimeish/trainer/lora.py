@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ class LoraAdapter(nn.Module):
         self.A = nn.Parameter(a)
         self.B = nn.Parameter(a.new_zeros(out_features, spec.rank))
         self.scale, self.parallel = spec.scale, parallel
+        self.enabled = True  # off: the layer is the frozen base (a LoRA run's KL reference)
         self.dropout = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
@@ -66,7 +68,20 @@ def _add_lora_output(module: nn.Module, args: tuple, output: tuple[Tensor, Tenso
     out, bias = output
     adapter = module.lora
     assert isinstance(adapter, LoraAdapter)
-    return out + adapter(args[0]), bias
+    return (out + adapter(args[0]) if adapter.enabled else out), bias
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """Within the block `model` is its frozen base: a LoRA run's KL reference, with no second copy."""
+    found = [ad for _, ad in adapters(model)]
+    for ad in found:
+        ad.enabled = False
+    try:
+        yield
+    finally:
+        for ad in found:
+            ad.enabled = True
 
 
 def attach_lora(model: nn.Module, spec: LoraSpec, seed: int) -> None:

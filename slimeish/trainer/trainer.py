@@ -1,8 +1,9 @@
 """The Megatron trainer: one policy-gradient optimizer step per global batch of samples.
 
 `Trainer` owns the policy (a Megatron GPTModel), an optional frozen reference model for the KL
-penalty, the optimizer and the counters that make a run resumable (step, weight version, data
-position). Everything it trains on is a `Sample`; everything it hands to engines is HF-named.
+penalty (a LoRA run's is its own policy with the adapters off: no second copy), the optimizer and
+the counters that make a run resumable (step, weight version, data position). Everything it
+trains on is a `Sample`; everything it hands to engines is HF-named.
 """
 
 from __future__ import annotations
@@ -90,7 +91,11 @@ class Trainer:
         # MoE: every router consults this for its top-k (the routing-mismatch metric, and R3)
         replay = config.use_rollout_routing_replay
         self.routing = ModelRouting(self.model, replay=replay) if self.shape.num_experts else None
-        self.reference = self._build(weights).requires_grad_(False).eval() if self.loss_config.kl_coef > 0 else None
+        # The KL reference is the initial model: a LoRA run's frozen base is that already
+        self.kl_reference = self.loss_config.kl_coef > 0
+        self.reference = (
+            self._build(weights).requires_grad_(False).eval() if self.kl_reference and not self.lora else None
+        )
         # On GPU the model runs through Megatron's DDP wrapper (Any: Megatron ships no annotations),
         # which owns the gradient buffers and their all-reduce.
         self._ddp: Any = None
@@ -240,6 +245,14 @@ class Trainer:
             self.routing.set_routes(mb.routed_experts)
         return response_log_probs(self.model, mb, self.shape.vocab_size)
 
+    @torch.no_grad()
+    def _reference_log_probs(self, mb: MicroBatch) -> Tensor:
+        """The KL reference's response log-probs: the frozen copy's, or a LoRA run's base (adapters off)."""
+        if self.reference is not None:
+            return response_log_probs(self.reference, mb, self.shape.vocab_size)[0]
+        with lora.adapters_off(self._policy()):
+            return response_log_probs(self.model, mb, self.shape.vocab_size)[0]
+
     def _micro_batch(self, mb: MicroBatch, old_mb: Tensor | None, normalizer: float, sums: dict) -> None:
         if self.loss_hooks.loss is not None:
             return self._custom_loss(mb, old_mb, normalizer, sums)
@@ -264,9 +277,8 @@ class Trainer:
             stats.update(correction_stats)
         stats["pg_loss"] = L.masked_mean(per_token, mask).detach()
         extra = torch.zeros_like(per_token)  # the KL and entropy terms, reduced by --loss-aggregation
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_log_p, _ = response_log_probs(self.reference, mb, self.shape.vocab_size)
+        if self.kl_reference:
+            ref_log_p = self._reference_log_probs(mb)
             kl = L.kl_penalty(log_p, ref_log_p, cfg.kl_estimator)
             extra = extra + cfg.kl_coef * kl
             stats["ref_kl"] = L.masked_mean(kl, mask).detach()
@@ -293,10 +305,7 @@ class Trainer:
         logits = packed_logits(gpt_logits(self.model, mb.input_ids, self.shape.vocab_size), mb)
         if old_mb is None:  # one optimizer step: pi_old is the current policy, detached
             old_mb = packed_response_log_probs(logits.detach(), mb)
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref, _ = response_log_probs(self.reference, mb, self.shape.vocab_size)
+        ref = self._reference_log_probs(mb) if self.kl_reference else None
         batch = rollout_batch(mb, old_mb.to(self.device), ref)
         per_token_loss = cfg.loss_aggregation == "token"
         reduce = get_sum_of_sample_mean(

@@ -171,18 +171,18 @@ class WeightSync:
         timings["total"] = time.perf_counter() - start
         return timings
 
-    def serves(self, version: int) -> bool:
-        """Whether every engine already reports weight `version` (the router's view of its engines,
-        or each engine's /model_info); an engine that reports none is not trusted to."""
+    def serves(self, version: int, *, adapter: str | None = None) -> bool:
+        """Whether every engine already reports weight `version` of the base weights, or of LoRA
+        `adapter` (the router's view of its engines, or each engine's /model_info); an engine that
+        reports none is not trusted to."""
         if self.config.router_url:
             r = self._client.get(f"{self.config.router_url.rstrip('/')}/admin/engines")
             r.raise_for_status()
-            reported = [e.get("weight_version") for e in r.json()["engines"]]
+            engines, base, adapters = r.json()["engines"], "weight_version", "adapter_versions"
         else:
-            reported = [
-                self._client.get(f"{u.rstrip('/')}/model_info").json().get("weight_version")
-                for u in self.config.engine_urls
-            ]
+            engines = [self._client.get(f"{u.rstrip('/')}/model_info").json() for u in self.config.engine_urls]
+            base, adapters = "weight_version", "lora_weight_versions"
+        reported = [e.get(base) if adapter is None else (e.get(adapters) or {}).get(adapter) for e in engines]
         return bool(reported) and all(v is not None and str(v) == str(version) for v in reported)
 
     @staticmethod

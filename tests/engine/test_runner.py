@@ -126,3 +126,18 @@ def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monke
         )
         torch.testing.assert_close(torch.tensor(seq.logprobs), expected[prompt_len - 1 :], atol=1e-4, rtol=0)
     assert [len(s.output_ids) for s in sorted(finished, key=lambda s: s.req.rid)] == [0, 6, 0]
+
+
+def test_a_request_whose_adapter_was_unloaded_before_it_was_queued_is_aborted(tiny_model):
+    """The adapter-unload race: /generate checks `lora_path` off the event loop, and an unload may land
+    before the request is queued; it is answered as aborted, and no forward meets an unknown adapter."""
+    sched = make_scheduler(tiny_model)
+    params = SamplingParams(max_new_tokens=3, temperature=0.0)
+    gone = SequenceRequest("r0", 0, [5, 6, 7], params, 0, True, False, 3, lora_path="unloaded")
+    base = SequenceRequest("r1", 1, [5, 6, 7], params, 0, True, False, 3)
+    seqs = [sched.submit(req, lambda s: None) for req in (gone, base)]
+    while not sched.idle:
+        sched.step()
+    assert seqs[0].finish_reason == {"type": "abort", "message": "LoRA adapter 'unloaded' was unloaded"}
+    assert seqs[0].output_ids == [] and sched.version_of(seqs[0]) == 0
+    assert seqs[1].finish_reason["type"] == "length" and len(seqs[1].output_ids) == 3

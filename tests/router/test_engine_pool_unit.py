@@ -261,7 +261,7 @@ async def test_an_update_every_engine_refuses_is_an_error_and_not_replayed(engin
     for name in "abc":
         await engines.set(name, "500")
     results = await pool.fan_out("/update_weights_from_disk", {"model_path": "/nowhere", "weight_version": "3"})
-    assert refused_by_all(results) and pool.update is None
+    assert refused_by_all(results) and not pool.updates
 
 
 async def test_idle_connections_are_dropped_before_sglang_closes_them():

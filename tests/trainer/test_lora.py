@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.train.loop import router_flags
-from slimeish.trainer.config import LORA_ADAPTER_NAME, TrainerConfig
+from slimeish.trainer.batching import pack_micro_batches
+from slimeish.trainer.config import LORA_ADAPTER_NAME, LossConfig, TrainerConfig
 from slimeish.trainer.hf_io import megatron_params
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
@@ -152,7 +153,8 @@ def test_sync_pushes_only_the_adapter_and_the_engine_serves_it_unmerged(tiny_mod
     assert _max_gap(trainer, lora) <= 1e-5
     assert _max_gap(trainer, base) > 1e-3  # the adapter does change the policy; the engine's base is untouched
     info = httpx.get(f"{url}/model_info").json()
-    assert info["weight_version"] == "2"
+    assert info["lora_weight_versions"][LORA_ADAPTER_NAME] == "2"  # the adapter's own version
+    assert info["weight_version"] == "0"  # the base weights did not change
 
 
 def test_engine_adapter_endpoints(engine, lora_trainer, tmp_path):
@@ -191,7 +193,7 @@ def test_a_lora_run_through_the_router_samples_with_its_adapter(tiny_model, engi
         trainer.state.weight_version = 50  # distinct from the other tests' versions on this engine
         with WeightSync(WeightSyncConfig(router_url=url, admin_token=token)) as sync:
             sync.sync(trainer)
-            assert sync.serves(50)
+            assert sync.serves(50, adapter=LORA_ADAPTER_NAME) and not sync.serves(50)  # the adapter's version
         samples = router_samples(url, token, PROMPTS, group_size=2, max_new_tokens=8)
         assert _max_gap(trainer, samples) <= 1e-5
 
@@ -212,3 +214,24 @@ def test_one_batch_mixes_the_base_model_and_an_adapter(engine, lora_trainer, tmp
             want = [lp for lp, _, _ in single["meta_info"]["output_token_logprobs"]]
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
         client.post(f"{engine}/unload_lora_adapter", json={"lora_name": "b"}).raise_for_status()
+
+
+def test_a_lora_runs_kl_reference_is_its_base_with_the_adapters_off(tiny_model):
+    """kl_coef > 0 with LoRA keeps no second model: the reference is the policy with its adapters off,
+    so its log-probs are the base model's while the policy's move."""
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, lr=5e-2, lora_rank=4, lora_alpha=8), LossConfig(kl_coef=0.1))
+    assert trainer.reference is None
+    trainer.train_step(random_samples(2, 4, seed=21))
+    stats = trainer.train_step(random_samples(2, 4, seed=22))
+    assert stats["ref_kl"] > 0  # the adapters moved the policy away from its reference
+    samples = random_samples(1, 3, seed=23)
+    reference: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+    for mb in pack_micro_batches(samples, trainer.config.micro_batch_tokens):
+        log_p = trainer._reference_log_probs(mb.to(trainer.device))
+        for row, i in enumerate(mb.indices):
+            reference[i] = log_p[row, : samples[i].response_length]
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    policy = trainer.compute_log_probs(samples)
+    for ref, base_lp, lp in zip(reference, hf_log_probs(base, samples), policy, strict=True):
+        torch.testing.assert_close(ref, base_lp, rtol=0, atol=1e-4)
+        assert not torch.allclose(torch.tensor(lp), base_lp, atol=1e-4)  # with the adapters on: the policy

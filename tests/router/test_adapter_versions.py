@@ -1,0 +1,80 @@
+"""The engine pool keeps a version per LoRA adapter: several runs share the engines, each syncing its
+own adapter, so an engine that comes back without them is given each one's last load again.
+
+A loopback HTTP server stands in for the embedded engine's adapter endpoints (its /model_info reports
+`lora_weight_versions` as the engine's does; test_lora_shared_engine.py runs the real engine), so a
+restart that loses every adapter is one assignment.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from slimeish.common.procs import free_port
+from slimeish.router.engine_pool import EnginePool
+
+
+class AdapterEngine:
+    """Serves /health, /model_info and SGLang's adapter endpoints; `loads` lists each load it took."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, int] = {}
+        self.loads: list[tuple[str, int]] = []
+        self.port = free_port()
+        app = web.Application()
+        app.router.add_get("/health", lambda _: web.Response())
+        app.router.add_get("/model_info", self.model_info)
+        app.router.add_post("/load_lora_adapter", self.load)
+        app.router.add_post("/unload_lora_adapter", self.unload)
+        self.runner = web.AppRunner(app)
+
+    async def model_info(self, _: web.Request) -> web.Response:
+        adapters = {name: str(v) for name, v in self.versions.items()}
+        return web.json_response({"weight_version": "0", "lora_weight_versions": adapters})
+
+    async def load(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.versions[body["lora_name"]] = int(body["weight_version"])
+        self.loads.append((body["lora_name"], int(body["weight_version"])))
+        return web.json_response({"success": True})
+
+    async def unload(self, request: web.Request) -> web.Response:
+        self.versions.pop((await request.json())["lora_name"])
+        return web.json_response({"success": True})
+
+
+@pytest.fixture
+async def engine():
+    engine = AdapterEngine()
+    await engine.runner.setup()
+    await web.TCPSite(engine.runner, "127.0.0.1", engine.port).start()
+    yield engine
+    await engine.runner.cleanup()
+
+
+def _load(name: str, version: int) -> dict[str, object]:
+    return {"lora_name": name, "lora_path": f"/adapters/{name}-v{version}", "weight_version": str(version)}
+
+
+async def test_each_adapter_keeps_its_version_and_is_replayed_to_an_engine_that_lost_it(engine):
+    async with aiohttp.ClientSession() as client:
+        url = f"http://127.0.0.1:{engine.port}"
+        pool = EnginePool(client, [url], timeout=5.0)
+        await pool.check_health()
+        for name, version in (("a", 3), ("b", 7), ("a", 4)):  # two runs' syncs, interleaved
+            await pool.fan_out("/load_lora_adapter", _load(name, version))
+        served = pool.engines[url]
+        assert served.healthy and served.adapter_versions == {"a": 4, "b": 7}  # b's sync left a's version alone
+        assert {name: u.version for name, u in pool.updates.items()} == {"a": 4, "b": 7}
+
+        engine.versions.clear()  # restarted: it serves no adapter
+        served.healthy = False  # (down for a check)
+        engine.loads.clear()
+        await pool.check_health()
+        assert sorted(engine.loads) == [("a", 4), ("b", 7)]  # each adapter's last load, once
+        assert served.healthy and served.adapter_versions == {"a": 4, "b": 7}
+
+        await pool.fan_out("/unload_lora_adapter", {"lora_name": "a"})  # run a is over
+        assert set(pool.updates) == {"b"}  # an engine that comes back is not given a again
