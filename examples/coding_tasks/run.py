@@ -86,7 +86,8 @@ def _model_path(cfg: CodingRunConfig, run_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # no abbreviations: `slimeish train`'s --mode must reach it, not be read as this parser's --model-path
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     add_dataclass_args(parser, CodingRunConfig, "example")
     ns, extra = parser.parse_known_args(argv)
     setup = train_setup(from_namespace(CodingRunConfig, ns), extra)
