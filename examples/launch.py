@@ -41,7 +41,8 @@ def run_example(
     check: Callable[[C], None] | None = None,
 ) -> None:
     """Parse the example's flags (the rest are `slimeish train`'s), `check` them, then train."""
-    parser = argparse.ArgumentParser(description=description)
+    # no abbreviations: `slimeish train`'s flags (--mode) must reach it, not be read as the example's (--model-path)
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     add_dataclass_args(parser, config_type, "example")
     ns, extra = parser.parse_known_args(argv)
     cfg = from_namespace(config_type, ns)

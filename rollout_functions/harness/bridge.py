@@ -1,12 +1,14 @@
 """The router inside a sandbox without a network: a Unix socket, and a forwarder at each end.
 
 A sandbox whose network is off has a network namespace of its own holding only loopback, so the
-router on the host's 127.0.0.1 is out of its reach. `RouterBridge` (the host's end) listens on a
-Unix socket in a directory that the sandbox mounts, and connects each connection to the router.
+router, wherever it is, is out of its reach. `RouterBridge` (the host's end) listens on a Unix
+socket in a directory that the sandbox mounts, and connects each connection to the router.
 Inside, this file runs as a script in front of the command (`python -I -S bridge.py PORT SOCKET --
 COMMAND...`): it listens on 127.0.0.1:PORT, the router's own port, connects each connection to the
-socket, and then runs the command and ends as it ends. The session's URL works unchanged, and the
-router is all it reaches: nothing else on the host, nothing outside.
+socket, and then runs the command and ends as it ends. The command's variables that name the
+router (the session's URL) name 127.0.0.1:PORT instead (`RouterBridge.inside_env`), so a router
+on another host or address works too, and the router is all the command reaches: nothing else
+on the host, nothing outside.
 
 Standard library only: inside it runs with the sandbox's Python and none of slimeish's packages.
 """
@@ -20,11 +22,13 @@ import shutil
 import signal
 import sys
 import tempfile
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 SOCKET_NAME = "router.sock"
 INSIDE_DIR = "/slimeish-net"  # where the sandbox mounts the bridge's directory
+INSIDE_HOST = "127.0.0.1"  # where the inside end listens: on the sandbox's own loopback
 CHUNK = 64 * 1024
 
 
@@ -89,6 +93,12 @@ class RouterBridge:
             task.cancel()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def inside_env(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` with each URL that names the router (an agent's base URL) naming the inside end,
+        127.0.0.1 on the router's port, instead: the router's own host, whatever it is, is not on
+        the sandbox's loopback-only network."""
+        return {name: _to_inside(value, self.target) for name, value in env.items()}
+
     @staticmethod
     def inside_argv(port: int) -> list[str]:
         """What to run inside, before the command's own argv: this script as the sandbox's end."""
@@ -96,11 +106,26 @@ class RouterBridge:
         return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), str(port), socket_path, "--"]
 
 
+def _to_inside(value: str, router: tuple[str, int]) -> str:
+    url = urllib.parse.urlsplit(value)
+    if url.scheme not in ("http", "https") or url.hostname is None:
+        return value
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:  # not a port: not the router's URL
+        return value
+    if (url.hostname, port) != router:
+        return value
+    userinfo = url.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@" if userinfo else ""
+    return urllib.parse.urlunsplit(url._replace(netloc=f"{netloc}{INSIDE_HOST}:{port}"))
+
+
 async def _inside(port: int, socket_path: str, argv: list[str]) -> int:
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _splice(reader, writer, lambda: asyncio.open_unix_connection(socket_path))
 
-    server = await asyncio.start_server(accept, "127.0.0.1", port)  # listening before the command starts
+    server = await asyncio.start_server(accept, INSIDE_HOST, port)  # listening before the command starts
     async with server:
         proc = await asyncio.create_subprocess_exec(*argv)
         return await proc.wait()

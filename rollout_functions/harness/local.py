@@ -110,9 +110,13 @@ class LocalSandbox(Sandbox):
     ) -> ExecResult:
         try:
             async with self._bridge(network) as bridge:
-                return await self._run(self._argv(command, network, bridge), env, timeout_s)
+                env = bridge.inside_env(env) if bridge is not None else env
+                result = await self._run(self._argv(command, network, bridge), env, timeout_s)
         except OSError as exc:  # its directory is gone, prlimit/bwrap cannot start, no socket for the bridge
             raise SandboxError(f"could not start a command in {self.dir}: {exc}") from exc
+        if not self.dir.is_dir():  # removed from outside while it ran: however the command ended, it was lost
+            raise SandboxError(f"the sandbox {self.dir} was removed while a command ran in it ({result.exit_code=})")
+        return result
 
     async def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> ExecResult:
         proc = await asyncio.create_subprocess_exec(

@@ -1,7 +1,13 @@
-"""Fixtures of the harness tests: the example tasks, and tasks written per test."""
+"""Fixtures of the harness tests: the example tasks, tasks written per test, and a sandbox lost from outside."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,3 +45,41 @@ def make_task(tmp_path):
         return root
 
     return make
+
+
+def processes_started_in(directory: Path) -> list[int]:
+    """Live processes whose working directory is `directory` (a sandbox command's outermost process)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # it ended while we looked
+                if os.readlink(entry / "cwd") == str(directory.resolve()):
+                    found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def sandbox_lost_when_marked(root: Path, mark: str) -> Iterator[threading.Event]:
+    """From outside, as a lost machine or a removed container would be: once a sandbox under `root`
+    holds `app/<mark>`, remove its directory and kill its commands' process groups. The event is set
+    once that is done."""
+    done, stop = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.1):
+            for marked in root.glob(f"*/app/{mark}"):
+                box = marked.parent.parent
+                groups = {os.getpgid(pid) for pid in processes_started_in(box / "app")}
+                shutil.rmtree(box)
+                for group in groups:
+                    os.killpg(group, signal.SIGKILL)
+                done.set()
+                return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        thread.join()

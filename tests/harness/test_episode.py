@@ -17,7 +17,8 @@ from slimeish.rollout_functions.harness.episode import (
 from slimeish.rollout_functions.harness.local import LocalProvider
 from slimeish.rollout_functions.harness.tasks import find_tasks, load_task
 from slimeish.rollout_functions.sessions import EpisodeLost
-from tests.harness.conftest import EXAMPLE_TASKS
+from tests.harness.conftest import EXAMPLE_TASKS, sandbox_lost_when_marked
+from tests.harness.test_sandbox import needs_bwrap
 
 GRADE_CALC = (  # reward 1 when calc.add adds
     'cd "$APP_DIR"; python3 -c "import calc; assert calc.add(2, 3) == 5" && r=1 || r=0; '
@@ -102,6 +103,21 @@ def test_a_broken_sandbox_is_infrastructure(tmp_path, make_task):
     lost = infra(tmp_path, make_task("broken", setup_sh="exit 1"), "true")
     assert lost.kind == OutcomeKind.SANDBOX_FAILED and "setup.sh exited with 1" in lost.reason
     assert lost.kind.infrastructure and lost.agent_exit is None  # the agent never ran
+
+
+@pytest.mark.parametrize("bwrap", [pytest.param("on", marks=needs_bwrap), "off"])
+def test_a_sandbox_removed_from_outside_while_its_agent_runs_is_infrastructure(tmp_path, make_task, bwrap):
+    task, root = load_task(make_task("lost")), tmp_path / "sandboxes"
+    spec = EpisodeSpec(task=task, agent_command="touch .lose-me; sleep 600", env={}, timeout_s=300)
+
+    async def model_called() -> bool:  # it talked to the model: only the sandbox's loss makes this infrastructure
+        return True
+
+    with sandbox_lost_when_marked(root, ".lose-me") as removed, pytest.raises(InfrastructureFailure) as caught:
+        asyncio.run(run_episode(LocalProvider(root, bwrap), spec, model_called))
+    assert removed.is_set()
+    lost = caught.value.outcome
+    assert lost.kind == OutcomeKind.SANDBOX_FAILED and "was removed while a command ran" in lost.reason
 
 
 @pytest.mark.parametrize(

@@ -1,47 +1,131 @@
-"""`slimeish train` over the example tasks with the tiny model: harness episodes captured exactly, and
-an agent program that dies before its first model call regenerated, never trained as a 0."""
+"""`slimeish train` over the example tasks with the tiny model and the embedded engine: harness
+episodes captured exactly, each group trained once in sync and in async mode, nothing of the
+infrastructure's faults (a program that dies before its first model call, a sandbox removed from
+outside while its agent runs, a grader that crashes) stored as a reward; in sync mode each faulty
+member regenerated once and trained, and a program past its timeout trained as its own failure."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from examples.coding_tasks.run import CodingRunConfig, agent_command
+from slimeish.buffer import Buffer
 from slimeish.common.procs import ManagedProcess
+from slimeish.common.sample import Sample
+from slimeish.rollout import training_group_id
+from slimeish.rollout_functions.harness.rollout import LOST, OUTCOME
 from slimeish.train.metrics import read_metrics
+from tests.harness.conftest import EXAMPLE_TASKS, sandbox_lost_when_marked
+from tests.train import conftest as train_fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN_OUTCOMES = ("completed", "agent_timeout", "agent_out_of_memory", "agent_error")
+valkey = train_fixtures.valkey  # a fixture: the buffer outlives the run, to be read after it
+SLOW_MARK = ".slow-episode"  # left in the workspace by the episode that runs past its timeout
+LOST_MARK = ".lose-me"  # left by the episode whose sandbox the test then removes from outside
 
 
-@pytest.mark.slow
-def test_two_steps_of_harness_episodes_with_two_lost_program_starts(tiny_model, tmp_path):
+def fault_agent(flags: Path) -> str:
+    """The example agent, except for the first three episodes to start (whichever they are): one
+    exits before any model call; one makes a model call, then marks its workspace and waits to be
+    lost from outside; one makes a model call, marks its workspace and sleeps past its timeout."""
+    python, agent = shlex.quote(sys.executable), EXAMPLE_TASKS.parent / "agent.py"
+    one_call = f"{python} {agent} --max-turns 1 --max-tokens 2"
+    return (
+        f"mkdir {flags}/start 2>/dev/null && exit 3; "
+        f"if mkdir {flags}/lost 2>/dev/null; then {one_call}; touch {LOST_MARK}; sleep 600; fi; "
+        f"if mkdir {flags}/slow 2>/dev/null; then {one_call}; echo slow > {SLOW_MARK}; sleep 600; fi; "
+        f"exec {agent_command(CodingRunConfig())}"
+    )
+
+
+def tasks_whose_first_grader_crashes(tmp_path: Path, flags: Path) -> Path:
+    """The example tasks, each test.sh first killing itself by SIGSEGV if it is the first grader to
+    run (not the slow episode's, which must be graded to be trained as its own timeout)."""
+    tasks = tmp_path / "tasks"
+    shutil.copytree(EXAMPLE_TASKS, tasks)
+    crash = f'if [ ! -e "$APP_DIR/{SLOW_MARK}" ] && mkdir {flags}/grader 2>/dev/null; then kill -SEGV $$; fi\n'
+    for test_sh in tasks.glob("*/tests/test.sh"):
+        test_sh.write_text(crash + test_sh.read_text())
+    return tasks
+
+
+def stored_samples(url: str, run_id: str) -> list[Sample]:
+    async def read() -> list[Sample]:
+        async with Buffer(url, run_id) as buf:
+            return [s async for s in buf.iter_samples()]
+
+    return asyncio.run(read())
+
+
+@pytest.mark.slow  # 3 steps of 4 episodes each, one of them sleeping past its 60 s timeout
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_three_steps_train_each_group_once_and_regenerate_the_infrastructures_faults(
+    tiny_model,
+    tmp_path,
+    valkey,
+    mode,
+):
     flags = tmp_path / "faults"
     flags.mkdir()
-    # The first two episodes to start (whichever they are) exit before any model call: infrastructure.
-    agent = agent_command(CodingRunConfig())
-    faulty = f"mkdir {flags}/1 2>/dev/null && exit 3; mkdir {flags}/2 2>/dev/null && exit 3; exec {agent}"
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "examples.coding_tasks.run", "--run-dir", str(run_dir)]
-    argv += ["--model-path", str(tiny_model), "--agent-command", faulty]
-    argv += ["--sandbox-bwrap", "off"]  # the fault flags live on the host (isolation: test_sandbox.py)
+    agent = fault_agent(flags)
+    run_dir = tmp_path / f"run-{mode}"
+    argv = [sys.executable, "-m", "examples.coding_tasks.run", "--run-dir", str(run_dir), "--num-rollout", "3"]
+    argv += ["--model-path", str(tiny_model), "--tasks", str(tasks_whose_first_grader_crashes(tmp_path, flags))]
+    argv += ["--agent-command", agent, "--mode", mode, "--buffer-url", valkey.url]
+    sandboxes = tmp_path / "sandboxes"
+    argv += ["--sandbox-root", str(sandboxes), "--sandbox-bwrap", "off"]  # the fault flags live on the host
     log = tmp_path / "run.log"
-    with ManagedProcess(argv, log_path=log, env={"PYTHONPATH": str(ROOT)}) as proc:
-        assert proc.proc.wait(300) == 0, log.read_text()[-3000:]
-    assert "--agent-command " + shlex.quote(faulty) in log.read_text()
-    rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [0, 1]
-    for r in rows:
-        assert r["rollout/samples"] == 4 and r["episodes/failed"] == 0  # each group trained once, whole
-        assert sum(r[f"episodes/harness_{kind}"] for kind in OWN_OUTCOMES) == 4
-        assert r["episodes/harness_sandbox_failed"] == r["episodes/harness_grader_failed"] == 0
-        assert r["train/rollout_logprob_abs_diff_max"] <= 1e-4  # trained on exactly the sampled tokens
-        assert 0.0 <= r["episodes/reward_mean"] <= 1.0
-    assert sum(r["episodes/harness_agent_start_failed"] for r in rows) == 2
-    assert sum(r["episodes/regenerated"] for r in rows) == 2
+    with (
+        sandbox_lost_when_marked(sandboxes, LOST_MARK) as removed,
+        ManagedProcess(argv, log_path=log, env={"PYTHONPATH": str(ROOT)}) as proc,
+    ):
+        assert proc.proc.wait(900) == 0, log.read_text()[-3000:]
+    assert removed.is_set() and "--agent-command " + shlex.quote(agent) in log.read_text()
+
+    assert sorted(p.name for p in flags.iterdir()) == ["grader", "lost", "slow", "start"]  # every fault happened
+    rows = [r for r in read_metrics(run_dir) if "train/loss" in r]
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["rollout/samples"] == 4 for r in rows)
+    groups = [
+        g for line in (run_dir / "trained_groups.jsonl").read_text().splitlines() for g in json.loads(line)["groups"]
+    ]
+    assert len(groups) == len(set(groups)) == 6  # exactly once per group
+    samples = stored_samples(valkey.url, run_dir.name)
+    trained = [s for s in samples if training_group_id(s) in groups]
+    assert len({(training_group_id(s), s.index) for s in trained}) == 12  # every member of every group, whole
+    assert all(s.loss_mask is not None and sum(s.loss_mask) >= 1 for s in trained)  # its sampled turns
+    # nothing from the infrastructure is stored as a reward: every stored episode is the agent's own
+    assert {s.metadata.get(OUTCOME, {}).get("kind") for s in samples} <= set(OWN_OUTCOMES)
+    if mode == "sync":
+        # which groups an async run trains and which it leaves generated at its end is timing: the
+        # faults' members are followed in sync mode, where every group drawn is trained
+        faults_regenerated_once_and_the_timeout_trained(rows, trained)
+
+
+def faults_regenerated_once_and_the_timeout_trained(rows: list[dict], trained: list[Sample]) -> None:
+    assert all(r["train/rollout_logprob_abs_diff_max"] <= 1e-4 for r in rows)  # exactly the sampled tokens
+    infrastructure = ("agent_start_failed", "grader_failed", "sandbox_failed")
+    # per step: every lost attempt counted by kind, each member regenerated once, none failed
+    assert {kind: sum(r[f"episodes/harness_{kind}"] for r in rows) for kind in infrastructure} == dict.fromkeys(
+        infrastructure, 1
+    )
+    assert sum(r["episodes/regenerated"] for r in rows) == 3 and sum(r["episodes/failed"] for r in rows) == 0
+    assert sum(r["episodes/harness_agent_timeout"] for r in rows) == 1
+    # in the buffer: the trained members that were regenerated, each after its one lost attempt
+    lost = sorted((attempt["kind"], attempt["reason"]) for s in trained for attempt in s.metadata[LOST])
+    assert [kind for kind, _ in lost] == list(infrastructure)
+    assert "was removed while a command ran" in lost[2][1] and "exited with -11" in lost[1][1]  # SIGSEGV
+    (slow,) = [s for s in trained if SLOW_MARK in s.metadata[OUTCOME]["patch"]]
+    assert slow.metadata[OUTCOME]["kind"] == "agent_timeout"
+    assert "killed at the agent timeout" in slow.metadata[OUTCOME]["reason"]
+    assert slow.reward == 0.0  # graded as it stood: a workspace with only the mark fails the tests
 
 
 @pytest.mark.slow

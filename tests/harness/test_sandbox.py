@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from slimeish.rollout_functions.harness.bridge import RouterBridge
 from slimeish.rollout_functions.harness.local import LocalProvider, LocalSandbox
 from slimeish.rollout_functions.harness.sandbox import Network, describe_exit
 from slimeish.rollout_functions.harness.tasks import load_task
@@ -166,6 +167,51 @@ def test_without_a_network_a_command_reaches_the_router_and_nothing_else(make_ta
     assert "failed http://10.255.255.1:80/" in off and "unreachable" in off
     on = asyncio.run(scenario(Network(internet=True)))
     assert f"hello from {router}" in on and f"hello from {other}" in on  # the host's network
+
+
+@needs_bwrap
+def test_without_a_network_the_agents_url_names_the_bridge_whatever_the_routers_host(make_task, tmp_path):
+    # the router on 127.0.0.2, the host's loopback but not the bridge's address inside (as a router
+    # on another machine): the agent's base URL is rewritten to the bridge, 127.0.0.1 on its port
+    router = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Hello)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    port = router.server_address[1]
+    (tmp_path / "fetch.py").write_text(FETCH)
+
+    async def scenario():
+        box = await sandbox(make_task, tmp_path, "on", name="net-router-host")
+        shutil.copy(tmp_path / "fetch.py", box.dir / "app")
+        env = {"OPENAI_BASE_URL": f"http://127.0.0.2:{port}/s/k/v1"}
+        command = 'echo "url=$OPENAI_BASE_URL"; python3 fetch.py "$OPENAI_BASE_URL"'
+        result = await box.exec(command, env=env, timeout_s=60, network=Network(router=("127.0.0.2", port)))
+        await box.destroy()
+        return result.output
+
+    try:
+        out = asyncio.run(scenario())
+    finally:
+        router.shutdown()
+        router.server_close()
+    assert f"url=http://127.0.0.1:{port}/s/k/v1" in out and f"hello from {port}" in out, out
+
+
+def test_only_urls_naming_the_router_are_rewritten_for_the_inside():
+    bridge = RouterBridge(("router.internal", 30000))
+    try:
+        env = {
+            "OPENAI_BASE_URL": "http://router.internal:30000/s/k/v1",
+            "ANTHROPIC_BASE_URL": "https://user@ROUTER.internal:30000/s/k",
+            "OTHER_PORT": "http://router.internal:30001/",
+            "OTHER_HOST": "http://elsewhere:30000/",
+            "SLIMEISH_INSTRUCTION": "fetch http://router.internal:30000/ and fix it",
+        }
+        inside = bridge.inside_env(env)
+    finally:
+        shutil.rmtree(bridge.dir)
+    assert inside == env | {
+        "OPENAI_BASE_URL": "http://127.0.0.1:30000/s/k/v1",
+        "ANTHROPIC_BASE_URL": "https://user@127.0.0.1:30000/s/k",
+    }
 
 
 @pytest.mark.parametrize("bwrap", [pytest.param("on", marks=needs_bwrap), "off"])

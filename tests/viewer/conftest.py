@@ -20,6 +20,8 @@ import pytest
 
 from slimeish.buffer import Buffer, EmbeddedServer
 from slimeish.common.sample import Sample
+from slimeish.rollout_functions.harness.episode import Outcome, OutcomeKind
+from slimeish.rollout_functions.harness.rollout import LOST, OUTCOME
 from slimeish.router.config import RouterConfig
 from slimeish.router.server import create_app as router_app
 from slimeish.train.ledger import TrainedGroups
@@ -34,6 +36,18 @@ RUN_ID = "viewer-run"
 ADMIN = "admin-secret"
 PAYLOAD = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
+# What the harness rollout stores with a member's samples (docs/harness.md): the tool episode's,
+# an agent past its timeout whose first attempt lost its sandbox
+HARNESS_RECORD = {
+    OUTCOME: Outcome(
+        task="fix-add-bug", kind=OutcomeKind.AGENT_TIMEOUT, reason="killed at the agent timeout (60 s)",
+        reward=0.5, agent_exit=-9, agent_output="thinking...", grader_exit=0, grader_output="1 of 2 tests passed",
+        patch="--- before/calc.py\n+++ after/calc.py\n-    return a - b\n+    return a + b\n",
+        timings={"sandbox_create_s": 0.1, "agent_s": 60.0, "grade_s": 0.4},
+    ).record(),
+    LOST: [{"task": "fix-add-bug", "kind": "sandbox_failed", "reason": "the sandbox was removed", "timings": {}}],
+}  # fmt: skip
+
 
 @dataclass
 class DemoRun:
@@ -42,7 +56,7 @@ class DemoRun:
     buffer_url: str
     router_url: str
     script_session: str  # its first user message is PAYLOAD
-    split_session: str  # edited its history and sent a tool result: two segments
+    split_session: str  # edited its history and sent a tool result: two segments; a harness record
     malformed_session: str  # its reply's tool call did not parse (malformed)
     open_session: str  # never finished: in flight
 
@@ -80,9 +94,10 @@ class Agents:
         body = {"group_id": group_id, "index": index, "group_size": size, "metadata": {"prompt": group_id}}
         return httpx.post(f"{self.url}/sessions", json=body, headers=self.admin).raise_for_status().json()
 
-    def finish(self, session: dict, reward: float) -> None:
+    def finish(self, session: dict, reward: float, metadata: dict | None = None) -> None:
         url = f"{self.url}/sessions/{session['session_id']}/finish"
-        httpx.post(url, json={"reward": reward}, headers=self.admin, timeout=60).raise_for_status()
+        body = {"reward": reward, "metadata": metadata or {}}
+        httpx.post(url, json=body, headers=self.admin, timeout=60).raise_for_status()
 
     async def tool_episode(self, base_url: str) -> None:
         """One turn, then a history the router did not write (a tool call it never returned and its
@@ -116,7 +131,7 @@ def play(agents: Agents) -> tuple[list[dict], dict]:
     run_async(agents.tool_episode(g1[0]["base_url"]))
     run_async(agents.malformed_call_episode(g1[1]["base_url"]))
     for session, reward in zip(g0 + g1, (1.0, 0.0, 0.5, 1.0), strict=True):
-        agents.finish(session, reward)
+        agents.finish(session, reward, HARNESS_RECORD if session is g1[0] else None)
     in_flight = agents.open("g-open", 0, 1)
     run_async(chat_episode(in_flight["base_url"], ["still going"], max_tokens=4))
     return g0 + g1, in_flight

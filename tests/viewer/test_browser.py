@@ -117,3 +117,17 @@ def test_the_page_asks_for_the_admin_token(browser, viewer):
     page.click("form.login button")
     page.get_by_role("link", name=RUN_ID).wait_for()
     context.close()
+
+
+def test_a_harness_episode_shows_its_outcome_regenerations_and_patch(page, demo_run):
+    page.goto(f"/#/run/{RUN_ID}/step/1")
+    page.wait_for_selector("div.group")
+    cell = page.locator("span.outcome")
+    assert cell.count() == 1 and cell.get_attribute("title") == "killed at the agent timeout (60 s)"
+    assert cell.text_content() == "fix-add-bug: agent_timeout · regenerated 1× (sandbox_failed)"
+    page.goto(f"/#/run/{RUN_ID}/sample/{demo_run.split_session}/0")
+    page.wait_for_selector("div.harness")
+    facts = page.locator("div.harness dl").text_content()
+    assert "agent_timeout" in facts and "sandbox_failed: the sandbox was removed" in facts
+    page.locator("div.harness summary", has_text="patch").click()
+    assert "+    return a + b" in page.locator("div.harness details[open] pre").text_content()

@@ -40,8 +40,8 @@ async function runPage(rid, live) {
 
 function stepTable(rid, steps) {
   const cols = ["rollout/reward_mean", "eval/reward_mean", "rollout/response_length", "rollout/staleness_max",
-    "rollout/segments_split", "train/loss"];
-  const heads = ["reward", "held-out reward", "response length", "staleness", "splits", "loss"];
+    "rollout/segments_split", "episodes/regenerated", "train/loss"];
+  const heads = ["reward", "held-out reward", "response length", "staleness", "splits", "regenerated", "loss"];
   return table(["step", "groups", ...heads],
     steps.map((s) => [link(stepHref(rid, s.step), String(s.step)), fmt(s.groups), ...cols.map((c) => fmt(s[c]))]));
 }
@@ -65,9 +65,34 @@ async function stepPage(rid, step, params) {
     data.groups.length ? data.groups.map((g) => groupCard(rid, g)) : el("p", { class: "muted" }, "no matching samples"));
 }
 
+// A harness episode's record (docs/harness.md), stored in its finish metadata: "harness" is its
+// outcome, "harness_lost" the infrastructure failures it was regenerated after.
+function episodeCell(finish) {
+  const h = finish.harness;
+  if (!h) return "–";
+  const lost = finish.harness_lost || [];
+  return el("span", { class: `outcome ${h.kind}`, title: h.reason || "" }, `${h.task}: ${h.kind}`,
+    lost.length ? el("span", { class: "regenerated" },
+      ` · regenerated ${lost.length}× (${lost.map((x) => x.kind).join(", ")})`) : null);
+}
+
+function harnessPanel(finish) {
+  const h = finish.harness;
+  if (!h) return null;
+  const lost = finish.harness_lost || [];
+  const facts = [["task", h.task], ["outcome", h.kind], ["reason", h.reason || "–"], ["agent exit", fmt(h.agent_exit)],
+    ["grader exit", fmt(h.grader_exit)], ["timings (s)", Object.entries(h.timings).map(([k, v]) => `${k} ${v}`).join(", ")],
+    ["regenerated", lost.length ? lost.map((x) => `${x.kind}: ${x.reason}`).join("; ") : "never"]];
+  const block = (title, text) => el("details", { class: "harness-output" }, el("summary", {}, title),
+    el("pre", { class: "json" }, text || "(empty)"));
+  return el("div", { class: "harness" }, el("h2", {}, "Harness episode"),
+    el("dl", { class: "facts" }, facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))])),
+    block("patch", h.patch), block("grader output", h.grader_output), block("agent output", h.agent_output));
+}
+
 function groupCard(rid, g) {
   const rows = g.members.map((m) => [String(m.index), m.session_id, el("span", { class: `status ${m.status}` }, m.status),
-    fmt(m.reward), fmt(m.advantage), m.segments.map((s) => el("div", {},
+    fmt(m.reward), fmt(m.advantage), episodeCell(m.finish_metadata), m.segments.map((s) => el("div", {},
       link(sampleHref(rid, m.session_id, s.segment_index), `segment ${s.segment_index}`),
       ` · ${s.response_length} tokens · v${s.weight_versions.join(",")}`,
       s.split_reason ? el("span", { class: "split" }, ` split: ${s.split_reason}`) : null,
@@ -76,7 +101,7 @@ function groupCard(rid, g) {
   return el("div", { class: "group" },
     el("h3", {}, `group ${g.group_id}`, el("span", { class: "muted" }, ` ${g.state} · size ${g.size}` +
       (g.reopened ? ` · reopened ${g.reopened}×` : ""))),
-    table(["index", "session", "status", "reward", "advantage (GRPO)", "samples"], rows));
+    table(["index", "session", "status", "reward", "advantage (GRPO)", "episode", "samples"], rows));
 }
 
 async function searchPage(rid, params) {
@@ -99,7 +124,7 @@ async function samplePage(rid, sid, seg) {
     ["prompt tokens", s.prompt_length], ["response tokens", s.response_length]];
   return el("section", {}, el("h1", {}, `Sample ${sid} · segment ${seg}`),
     el("dl", { class: "facts" }, facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))])),
-    legend(), el("div", { id: "turns" }, s.turns.map((t) => turnBlock(s, t))),
+    harnessPanel(s.session.finish_metadata), legend(), el("div", { id: "turns" }, s.turns.map((t) => turnBlock(s, t))),
     el("h2", {}, "Session metadata"), el("pre", { class: "json" }, JSON.stringify(s.session.metadata, null, 2)),
     el("h2", {}, "Finish metadata"), el("pre", { class: "json" }, JSON.stringify(s.session.finish_metadata, null, 2)));
 }
