@@ -107,10 +107,10 @@ class ScriptedEngine:
         finish: dict[str, Any] = {"type": "stop", "matched": ids[-1]}
         if limit is not None and len(ids) > limit:
             ids, finish = ids[:limit], {"type": "length", "length": limit}
-        # distinct per token and per prompt, the same for the same prompt (as a greedy model's), and
-        # exact in float32 as the buffer stores them (under 2**24 / 1024)
+        # distinct per token and per prompt, the same for the same prompt (as a greedy model's), in
+        # (-16, 0) and exact in float32 as the buffer stores them (k / 2**20 with k under 2**24)
         base = zlib.crc32(orjson.dumps(request["input_ids"])) % 4096 * 4096
-        logprobs = [[-(base + j + 1) / 1024, t, None] for j, t in enumerate(ids)]
+        logprobs = [[-(base + j + 1) / 2**20, t, None] for j, t in enumerate(ids)]
         reply = {
             "text": self.tokenizer.decode(ids, skip_special_tokens=True),
             "output_ids": ids,

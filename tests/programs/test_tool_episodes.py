@@ -50,7 +50,8 @@ def run_episode(
     r = harness.run(build(session, tmp_path, TASK, *flags), tmp_path)
     output = (r.stdout + r.stderr)[-3000:] + "\nthe engine's calls:\n" + engine.summary(start)
     assert r.returncode == 0, output
-    assert (tmp_path / "work" / "hello.txt").read_text().strip() == "hi", output
+    written = tmp_path / "work" / "hello.txt"
+    assert written.exists() and written.read_text().strip() == "hi", output
     posts = harness.posts(seen)
     samples = harness.check_episode(session, start, seen)
     calls = engine_calls(engine.calls[start:])
