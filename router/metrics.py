@@ -38,11 +38,18 @@ class RouterMetrics:
         self.engine_failovers = Counter(
             "router_engine_failovers", "sessions moved off their engine (it failed or was removed)", registry=r
         )
+        self._served: dict[tuple[str, int], tuple[Counter, Histogram]] = {}  # `observe`'s series
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
-        """One served HTTP request."""
-        self.requests.labels(endpoint, str(status)).inc()
-        self.latency.labels(endpoint).observe(seconds)
+        """One served HTTP request. Each (endpoint, status)'s series are looked up once: `labels()`
+        takes a lock and builds its key on every call, on the path of every turn."""
+        if (series := self._served.get((endpoint, status))) is None:
+            series = self._served[endpoint, status] = (
+                self.requests.labels(endpoint, str(status)),
+                self.latency.labels(endpoint),
+            )
+        series[0].inc()
+        series[1].observe(seconds)
 
     def tool_parse_failed(self, family: str, reason: str) -> None:
         self.tool_parse_failures.inc()
