@@ -33,7 +33,9 @@ async def beside_health(router, bad: Callable[[], Awaitable[object]]) -> object:
         waited, bad_done = time.monotonic() - sent, task.done()
         result = await task
     assert health.status_code == 200
-    assert not bad_done or waited < 1.0, f"/health waited {waited:.1f} s"  # behaviour, not a benchmark
+    # behaviour, not a benchmark: a loop blocked by the refusal would hold /health for all of it (the
+    # 10 MB message's tokenization alone takes ~10 s here); 5 s leaves room for a loaded machine
+    assert not bad_done or waited < 5.0, f"/health waited {waited:.1f} s"
     return result
 
 
