@@ -5,10 +5,12 @@
    against the same prompt through Hugging Face `forward` in chunks of `--chunk` tokens with a
    `DynamicCache` (the baseline; one forward over the whole prompt builds a dense mask and does not
    fit), in this process.
-2. Episode: `--turns` turns, each prompt the previous prompt plus the previous output plus
-   `--turn-tokens` new tokens (growing to ~60k), sent to an engine with the prefix cache and to one
-   with `--disable-radix-cache`, both running at once and each turn sent to both back to back
-   (alternating which goes first), so a turn's two times share the machine's load. Reports each
+2. Episode: `--turns` turns, the first prompt `--first-tokens` long (a harness's system prompt
+   and tools: 15k-50k tokens for Claude Code; default one turn's worth), each later prompt the
+   previous prompt plus the previous output plus `--turn-tokens` new tokens (growing to ~60k), sent
+   to an engine with the prefix cache and to one with `--disable-radix-cache`, both running at once
+   and each turn sent to both back to back (alternating which goes first), so a turn's two times
+   share the machine's load. Reports each
    turn's prefill time (the streamed request's time to its first token) and whole-request time on
    both, their ratios, and whether `cached_tokens` equals the shared prefix (the previous turn's
    prompt and output, less the last output token, whose KV is never computed, rounded down to
@@ -17,6 +19,7 @@
 Both engines and HF use `--threads` torch threads. Run by hand (not part of the tests):
     .venv/bin/python bench/engine_long_context.py
     .venv/bin/python bench/engine_long_context.py --prompt-tokens 16000 --turns 8 --turn-tokens 2000
+    .venv/bin/python bench/engine_long_context.py --skip long --first-tokens 20000 --turn-tokens 2000
 """
 
 from __future__ import annotations
@@ -109,14 +112,22 @@ def long_prompt(model_dir: Path, args, vocab: int) -> None:
     print(f"| {rss / 1024:.2f} GB ({rss_idle / 1024:.2f} GB) | {seconds:.1f} s | {hf:.1f} s | {seconds / hf:.2f} |")
 
 
+def episode_tokens(args) -> int:
+    """The last turn's prompt and output."""
+    first = args.first_tokens or args.turn_tokens
+    return first + (args.turns - 1) * (args.turn_tokens + args.new_tokens) + args.new_tokens
+
+
 def episode(model_dir: Path, args, vocab: int) -> None:
     rng = random.Random(args.seed + 1)
-    pool = str(args.turns * (args.turn_tokens + args.new_tokens) + 4096)
+    pool = str(episode_tokens(args) + 4096)
     engines = {
         label: start_engine(model_dir, args.threads, "--max-total-tokens", pool, *flags)
         for label, flags in (("cache", []), ("no cache", ["--disable-radix-cache"]))
     }
-    print(f"\n### {args.turns}-turn episode, +{args.turn_tokens} tokens a turn, {args.new_tokens} output tokens")
+    first = args.first_tokens or args.turn_tokens
+    shape = f"{first} tokens first, +{args.turn_tokens} a turn, {args.new_tokens} output tokens"
+    print(f"\n### {args.turns}-turn episode, {shape}")
     print("| turn | prompt tokens | cached_tokens (expected) | prefill with cache | without | ratio "
           "| request with cache | without | ratio |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
@@ -124,7 +135,8 @@ def episode(model_dir: Path, args, vocab: int) -> None:
         history: list[int] = []
         for turn in range(1, args.turns + 1):
             shared = len(history) - 1 if history else 0  # the last output token has no KV yet
-            prompt = history + [rng.randrange(10, vocab) for _ in range(args.turn_tokens)]
+            new = args.turn_tokens if history else first
+            prompt = history + [rng.randrange(10, vocab) for _ in range(new)]
             order = list(engines) if turn % 2 else list(engines)[::-1]
             times = {label: stream(engines[label][1], prompt, args.new_tokens) for label in order}
             (out, p_hit, t_hit), (_, p_miss, t_miss) = times["cache"], times["no cache"]
@@ -147,13 +159,14 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=2048, help="HF baseline chunk (the engine's default too)")
     parser.add_argument("--turns", type=int, default=20, help="episode turns")
     parser.add_argument("--turn-tokens", type=int, default=3000, help="new prompt tokens each turn")
+    parser.add_argument("--first-tokens", type=int, default=0, help="the first prompt's tokens (0: --turn-tokens)")
     parser.add_argument("--new-tokens", type=int, default=16, help="output tokens each turn")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, engine and HF")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", choices=["long", "episode"], help="leave one part out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    context = max(args.prompt_tokens, args.turns * (args.turn_tokens + args.new_tokens)) + 1024
+    context = max(args.prompt_tokens, episode_tokens(args)) + 1024
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model(Path(tmp) / "model", TinyModelConfig(max_position_embeddings=context))
         vocab = AutoConfig.from_pretrained(model_dir).vocab_size
