@@ -144,7 +144,9 @@ class TextGameAdapter(EnvAdapter):
                         break
                     chat.observe(table.turn.messages)
                     turns += 1
-                    step = table.game.step(await chat.act())
+                    # on a thread: a step runs the environment's code (and a fixed opponent's moves,
+                    # maybe a model call), which must not stall the other sessions of this process
+                    step = await asyncio.to_thread(table.game.step, await chat.act())
                     for player, reward in step.rewards.items():
                         table.returns[player] = table.returns.get(player, 0.0) + reward
                         table.last[player] = reward

@@ -49,7 +49,7 @@ class TextArenaConfig(EnvConfig):
 
     opponent: str | None = help_field(
         None,
-        help="the other players are this fixed policy and only player 0 is the policy's: `random` (a "
+        help="the other players are this fixed policy and only --policy-player is the policy's: `random` (a "
         "uniform pick among the bracketed moves the game lists) or `module:function` (player id, "
         "observation) -> action; unset: self-play, every player a group member",
     )

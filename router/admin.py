@@ -98,8 +98,9 @@ async def create_session(
     except ValueError as e:
         raise APIError(400, str(e), param="index") from None
     if session.identity.session_id not in state.sessions.by_id:  # else a retry whose first answer was lost
-        # a session bound to a policy says so on its samples: policies sharing a run are told apart there
-        metadata = req.metadata | ({"lora_path": req.lora_path} if req.lora_path else {})
+        # a LoRA session's samples say which adapter sampled them (its own, else the router's)
+        adapter = req.lora_path or state.config.lora_path
+        metadata = req.metadata | ({"lora_path": adapter} if adapter else {})
         info = SessionInfo(
             session.identity.session_id, req.group_id, req.index, req.group_size, metadata, req.trainable,
             owner=state.config.router_id,

@@ -210,8 +210,11 @@ def _note_answer_version(engine: Engine, answer: Answer, payload: Mapping[str, A
     """An answer carries the version the engine serves now of what it sampled with: the base weights,
     or the request's LoRA adapter (a batch of several adapters says nothing of one)."""
     first: GenerateReply = (answer[0] if answer else {}) if isinstance(answer, list) else answer
+    meta = first.get("meta_info", {})
+    if (meta.get("finish_reason") or {}).get("type") == "abort":
+        return  # an abort (its adapter unloaded under it) sampled nothing: its version says nothing
     adapter = payload.get("lora_path")
-    version = first.get("meta_info", {}).get("weight_version")
+    version = meta.get("weight_version")
     if version is not None and (adapter is None or isinstance(adapter, str)):
         engine.note_version(adapter, int(version))  # SGLang sends it as a string
 
@@ -462,7 +465,9 @@ class EnginePool:
     async def fan_out(self, path: str, body: JSONObject | None) -> list[JSONObject]:
         """POST `body` to `path` on every healthy engine; one result per engine. An engine that is
         down, or fails the call, is skipped (`"skipped": why`) and ejected: a weight update must not
-        wait for a dead engine, and the health check catches it up before it serves again."""
+        wait for a dead engine, and the health check catches it up before it serves again. An engine
+        that answers any other call (an adapter unload while requests use it) with a 4xx is alive
+        and serving what it served: it is reported, not ejected."""
         is_update = path in UPDATE_PATHS
         async with self._updating if is_update else contextlib.nullcontext():
             engines = list(self.engines.values())
@@ -471,7 +476,8 @@ class EnginePool:
             for engine, result in zip(up, await asyncio.gather(*(self._post(e, path, body) for e in up)), strict=True):
                 if not result["ok"]:
                     result["skipped"] = f"failed {path}"
-                    self._eject(engine, f"{path}: {result.get('error') or result.get('status_code')}")
+                    if is_update or not 400 <= result.get("status_code", 500) < 500:
+                        self._eject(engine, f"{path}: {result.get('error') or result.get('status_code')}")
                 results[engine.url] = result
             ordered = [results[e.url] for e in engines]
             if is_update and not refused_by_all(ordered):

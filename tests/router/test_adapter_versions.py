@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from slimeish.common.procs import free_port
-from slimeish.router.engine_pool import EnginePool
+from slimeish.router.engine_pool import Engine, EnginePool, _note_answer_version
 
 
 class AdapterEngine:
@@ -22,6 +22,7 @@ class AdapterEngine:
     def __init__(self) -> None:
         self.versions: dict[str, int] = {}
         self.loads: list[tuple[str, int]] = []
+        self.busy: set[str] = set()  # adapters whose unload is refused
         self.port = free_port()
         app = web.Application()
         app.router.add_get("/health", lambda _: web.Response())
@@ -41,7 +42,10 @@ class AdapterEngine:
         return web.json_response({"success": True})
 
     async def unload(self, request: web.Request) -> web.Response:
-        self.versions.pop((await request.json())["lora_name"])
+        name = (await request.json())["lora_name"]
+        if name in self.busy:  # the embedded engine's answer while requests use the adapter
+            return web.json_response({"success": False, "message": f"{name} is in use by 1 requests"}, status=400)
+        self.versions.pop(name)
         return web.json_response({"success": True})
 
 
@@ -78,3 +82,28 @@ async def test_each_adapter_keeps_its_version_and_is_replayed_to_an_engine_that_
 
         await pool.fan_out("/unload_lora_adapter", {"lora_name": "a"})  # run a is over
         assert set(pool.updates) == {"b"}  # an engine that comes back is not given a again
+
+
+async def test_a_refused_unload_keeps_the_engine_and_the_adapter(engine):
+    """An unload the engine refuses (requests still use the adapter) leaves a healthy engine in the
+    pool, its sessions where they are, and the adapter's load remembered."""
+    async with aiohttp.ClientSession() as client:
+        url = f"http://127.0.0.1:{engine.port}"
+        pool = EnginePool(client, [url], timeout=5.0)
+        await pool.check_health()
+        await pool.fan_out("/load_lora_adapter", _load("a", 3))
+        engine.busy.add("a")
+        [result] = await pool.fan_out("/unload_lora_adapter", {"lora_name": "a"})
+        assert not result["ok"] and result["status_code"] == 400
+        assert pool.engines[url].healthy and set(pool.updates) == {"a"}
+
+
+def test_an_aborted_answer_leaves_the_adapter_version_alone():
+    """A request whose adapter was unloaded under it is answered aborted with the base version (it
+    sampled nothing); taken as the adapter's version, it would make the engine look behind."""
+    engine = Engine("http://engine", weight_version=0, adapter_versions={"a": 4})
+    aborted = {"meta_info": {"finish_reason": {"type": "abort"}, "weight_version": "0"}}
+    _note_answer_version(engine, aborted, {"lora_path": "a"})  # type: ignore[arg-type]
+    assert engine.adapter_versions == {"a": 4}
+    _note_answer_version(engine, {"meta_info": {"weight_version": "5"}}, {"lora_path": "a"})  # type: ignore[arg-type]
+    assert engine.adapter_versions == {"a": 5}

@@ -127,7 +127,7 @@ def test_two_lora_runs_share_one_engine(tiny_model, engine_factory, valkey, tmp_
         assert sorted(groups) == ["g0", "g1"] and all(len(s) == GROUP_SIZE for s in groups.values())
         samples = [s for group in groups.values() for s in group]
         assert {v for s in samples for v in s.weight_versions} == {trainers[run].weight_version}
-        # a session bound to its policy when opened says so on its samples
-        assert {s.metadata.get("lora_path") for s in samples} == ({"b"} if run == "run-b" else {None})
+        # each sample says the adapter that sampled it (bound when opened, or the router's --lora-path)
+        assert {s.metadata.get("lora_path") for s in samples} == {trainers[run].config.lora_name}
         assert _gap(trainers[run], samples) <= 1e-5  # sampled with its own adapter, unmerged
         assert _gap(trainers[other], samples) > 1e-3  # not with the other run's
