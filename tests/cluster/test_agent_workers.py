@@ -79,9 +79,12 @@ def test_crashing_command_fails_the_episode_with_its_stderr(router, ray_cluster)
 
 def test_timeout_cancels_the_task_and_kills_the_command_tree(router, ray_cluster, tmp_path):
     pid_file = tmp_path / "pid"
-    (sample,) = run_command_episodes(router, TREE.format(pid_file=pid_file), rollout_timeout=8.0)
+    # 30 s: on a loaded machine a fresh Ray worker can take more than 8 s to start the command at
+    # all, and a task cancelled before its command ran leaves no child to check (the child would live 10 min)
+    (sample,) = run_command_episodes(router, TREE.format(pid_file=pid_file), rollout_timeout=30.0)
     assert sample.status == Sample.Status.FAILED and sample.metadata["error"].startswith("TimeoutError")
-    # within a generous bound, so that a loaded machine does not fail it; the child would live 10 min
+    assert pid_file.exists(), "the command never started before the timeout: nothing was checked"
+    # within a generous bound, so that a loaded machine does not fail it
     assert gone(int(pid_file.read_text())), "the command's child outlived the cancelled task"
 
 
