@@ -23,7 +23,7 @@ from slimeish.rollout_functions.harness.rollout import OUTCOME
 from slimeish.train.metrics import read_metrics
 from tests.harness.conftest import EXAMPLE_TASKS
 from tests.harness.test_harness_train import stored_samples
-from tests.programs.conftest import Invocation, claude_code
+from tests.programs.conftest import Invocation, claude_code, turns_of
 from tests.programs.test_tool_episodes import assert_one_segment
 from tests.router.test_openai_sdk import assert_exact_capture
 from tests.scripted_engine import Policy, Prompt, ScriptedEngine, ShellScript, side_reply
@@ -95,9 +95,11 @@ def test_program_solves_one_task_and_fails_another_through_train(name, long_cont
     # the programs start slowly on a loaded machine: five times each task's 60 s
     argv += ["--agent-timeout-multiplier", "5", "--rollout-timeout", "420", "--weight-sync", "disk"]
     log = tmp_path / "run.log"
-    with serve_app(engine.app(), startup_timeout=30) as url:
-        with ManagedProcess([*argv, "--engine-url", url], log_path=log, env={"PYTHONPATH": str(ROOT)}) as proc:
-            assert proc.proc.wait(900) == 0, log.read_text()[-3000:] + "\nthe engine's calls:\n" + engine.summary()
+    with (
+        serve_app(engine.app(), startup_timeout=30) as url,
+        ManagedProcess([*argv, "--engine-url", url], log_path=log, env={"PYTHONPATH": str(ROOT)}) as proc,
+    ):
+        assert proc.proc.wait(900) == 0, log.read_text()[-3000:] + "\nthe engine's calls:\n" + engine.summary()
 
     (row,) = [r for r in read_metrics(run_dir) if "train/loss" in r]
     assert row["rollout/samples"] >= 2 and row["episodes/failed"] == 0
@@ -105,9 +107,9 @@ def test_program_solves_one_task_and_fails_another_through_train(name, long_cont
     samples = stored_samples(valkey.url, run_dir.name)
     rewards = {s.metadata[OUTCOME]["task"]: s.reward for s in samples}
     assert rewards == {SOLVED: 1.0, FAILED: 0.0}, [s.metadata[OUTCOME] for s in samples]
-    calls = engine.calls  # not streamed or streamed, each recorded whole
+    calls = engine.calls  # streamed or not, each reply recorded whole
     for sample in samples:
-        own = [c for c in calls if sample.tokens[: len(c[0]["input_ids"]) + len(c[1]["output_ids"])] == c[0]["input_ids"] + c[1]["output_ids"]]  # fmt: skip
+        own = [calls[i] for i in turns_of(sample, calls)]
         assert own, "a stored sample no engine call produced"
         assert_exact_capture(sample, own, None)
     assert_one_segment(samples, calls)
