@@ -1,11 +1,11 @@
-"""Each agent program solves one example task and fails another through `slimeish train`: the
-harness rollout runs the program unmodified as `--agent-command` in each task's sandbox, against
-the scripted stand-in engine (tests/scripted_engine.py) as `--engine-url`, which writes the task's
-reference fix (its `solution/solve.sh`) through the program's own shell tool for one task and a
-command that changes nothing for the other. One step of one group per task: the task's own tests
-give reward 1 and 0, every stored sample holds exactly the tokens and log-probs the stand-in
-returned, and each tool call's turn and the turn that read its result are one segment. The weights
-go to the stand-in by `--weight-sync disk`."""
+"""Each agent program (Claude Code and opencode so far) solves one example task and fails another
+through `slimeish train`: the harness rollout runs the program unmodified as `--agent-command` in
+each task's sandbox, against the scripted stand-in engine (tests/scripted_engine.py) as
+`--engine-url`, which runs the task's reference fix (`bash solution/solve.sh`) through the
+program's own shell tool for one task and a command that changes nothing for the other. One step
+of one group per task: the task's own tests give reward 1 and 0, every stored sample holds exactly
+the tokens and log-probs the stand-in returned, and each tool call's turn and the turn that read
+its result are one segment. The weights go to the stand-in by `--weight-sync disk`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from slimeish.rollout_functions.harness.rollout import OUTCOME
 from slimeish.train.metrics import read_metrics
 from tests.harness.conftest import EXAMPLE_TASKS
 from tests.harness.test_harness_train import stored_samples
-from tests.programs.conftest import Invocation, claude_code, turns_of
+from tests.programs.conftest import Invocation, claude_code, opencode, turns_of
 from tests.programs.test_tool_episodes import assert_one_segment
 from tests.router.test_openai_sdk import assert_exact_capture
 from tests.scripted_engine import Policy, Prompt, ScriptedEngine, ShellScript, side_reply
@@ -55,40 +55,52 @@ def instruction_line(task: Path) -> str:
     return (task / "instruction.md").read_text().splitlines()[0]
 
 
-def sandbox_command(build: Callable[..., Invocation], *flags: str) -> str:
+def sandbox_command(build: Callable[..., Invocation], root: Path, *flags: str) -> str:
     """The program's command line as the harness runs it in a sandbox: the session's URL, key and
     the task's instruction from the variables the harness sets (docs/harness.md), each argument
-    double-quoted so that they expand."""
+    double-quoted so that they expand; `root` holds what the builder writes on the host."""
 
     def quoted(value: str) -> str:
         return '"' + re.sub(r'(["\\`])', r"\\\1", value) + '"'
 
     session = {"base_url": "${OPENAI_BASE_URL%/v1}/v1", "api_key": "$OPENAI_API_KEY"}
-    invocation = build(session, Path("/nonexistent"), "$SLIMEISH_INSTRUCTION", *flags)
+    invocation = build(session, root, "$SLIMEISH_INSTRUCTION", *flags)
     env = [f"{name}={quoted(value)}" for name, value in invocation.env.items()]
     return " ".join([*env, "exec", *map(quoted, invocation.argv)])
 
 
+@dataclass(frozen=True)
+class Program:
+    """A program as `--agent-command`, with its headless approval flags (docs/agents.md), and the
+    scripted model's policy for a task given the commands it runs."""
+
+    build: Callable[..., Invocation]
+    flags: tuple[str, ...]
+    policy: Callable[[list[str]], ShellScript]
+
+
 PROGRAMS = {
-    "claude-code": (sandbox_command(claude_code, "--allowedTools", "Bash"), "Bash"),
+    "claude-code": Program(claude_code, ("--allowedTools", "Bash"), lambda run: ShellScript("Bash", run)),
+    "opencode": Program(opencode, (), lambda run: ShellScript("bash", run)),
 }
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_program_solves_one_task_and_fails_another_through_train(name, long_context_model, tmp_path, valkey):
-    command, tool = PROGRAMS[name]
+    program = PROGRAMS[name]
+    command = sandbox_command(program.build, tmp_path, *program.flags)
     tasks = tmp_path / "tasks"
     for task in (SOLVED, FAILED):
         shutil.copytree(EXAMPLE_TASKS / task, tasks / task)
-    fix = (tasks / SOLVED / "solution" / "solve.sh").read_text()
+    fix = f"bash {tasks / SOLVED / 'solution' / 'solve.sh'}"  # the sandboxes run without bubblewrap
     engine = ScriptedEngine(long_context_model)
     engine.policy = PerTask(
         {
-            instruction_line(tasks / SOLVED): ShellScript(tool, [fix]),
-            instruction_line(tasks / FAILED): ShellScript(tool, ["echo no fix"]),
+            instruction_line(tasks / SOLVED): program.policy([fix]),
+            instruction_line(tasks / FAILED): program.policy(["echo no fix"]),
         }
     )
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / f"run-{name}"  # its id: the buffer is shared by the programs' runs
     argv = [sys.executable, "-m", "examples.coding_tasks.run", "--run-dir", str(run_dir), "--num-rollout", "1"]
     argv += ["--model-path", str(long_context_model), "--tasks", str(tasks), "--buffer-url", valkey.url]
     argv += ["--agent-command", command, "--n-samples-per-prompt", "1", "--sandbox-bwrap", "off"]
