@@ -4,7 +4,10 @@ The tiny test models write noise, so an agent program driven by one never calls 
 stands in for SGLang serving a model that does: it speaks what the router needs of an engine
 (`/generate` plain and streamed in SGLang's cumulative chunks, `output_token_logprobs`,
 `weight_version` in `meta_info`; `/health`, `/model_info`, `/server_info` with the context length,
-`/flush_cache`), decodes each request's `input_ids` with the tiny model's own tokenizer, lets a
+`/flush_cache`; `/pause_generation` and `/continue_generation`, which have nothing to pause here
+(a reply is written whole at once); `/update_weights_from_disk`, as `slimeish train --weight-sync disk` calls it: the
+checkpoint directory must exist, no weights are read, and the request's `weight_version` (else the
+next one) is reported from then on), decodes each request's `input_ids` with the tiny model's own tokenizer, lets a
 `Policy` choose the reply's text from that prompt, and answers the text encoded with the same
 tokenizer plus the end token, with deterministic log-probs distinct per token and prompt (no model runs).
 Every /generate is recorded as (request, reply), the shape of tests/router's recording proxy, so
@@ -178,6 +181,23 @@ class ScriptedEngine:
         @app.get("/server_info")
         async def model_info() -> dict:
             return self.info()
+
+        @app.post("/update_weights_from_disk")
+        async def update_weights_from_disk(request: Request) -> Response:
+            body = orjson.loads(await request.body())
+            if not Path(str(body.get("model_path"))).is_dir():
+                error = {"success": False, "message": f"model_path {body.get('model_path')!r} is no directory"}
+                return Response(orjson.dumps(error), status_code=400, media_type="application/json")
+            requested = body.get("weight_version")
+            self.weight_version = self.weight_version + 1 if requested is None else int(requested)
+            version = str(self.weight_version)
+            reply = {"success": True, "message": "updated", "weight_version": version}
+            return Response(orjson.dumps(reply), media_type="application/json")
+
+        @app.post("/pause_generation")
+        @app.post("/continue_generation")
+        async def pause_or_continue() -> dict:
+            return {"success": True, "message": "nothing to pause: each reply is written whole"}
 
         @app.api_route("/flush_cache", methods=["GET", "POST"])
         async def flush_cache() -> Response:
