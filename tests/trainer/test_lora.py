@@ -16,7 +16,7 @@ from slimeish.trainer.config import LORA_ADAPTER_NAME, LossConfig, TrainerConfig
 from slimeish.trainer.hf_io import megatron_params
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
-from tests.trainer.trainer_helpers import engine_samples, random_samples, router_samples
+from tests.trainer.trainer_helpers import engine_samples, max_log_prob_gap, random_samples, router_samples
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 51, 52]]
 
@@ -118,17 +118,6 @@ def test_bad_lora_options_are_rejected(tiny_model, kwargs, message):
         TrainerConfig(model_path=tiny_model, **kwargs)
 
 
-def _max_gap(trainer: Trainer, samples) -> float:
-    ours = trainer.compute_log_probs(samples)
-    return max(
-        (torch.tensor(a, dtype=torch.float64) - torch.tensor(s.rollout_log_probs, dtype=torch.float64))
-        .abs()
-        .max()
-        .item()
-        for a, s in zip(ours, samples, strict=True)
-    )
-
-
 @pytest.fixture(scope="module")
 def engine(engine_factory, tiny_model):
     return engine_factory(tiny_model)
@@ -150,8 +139,8 @@ def test_sync_pushes_only_the_adapter_and_the_engine_serves_it_unmerged(tiny_mod
     lora, versions = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=12, lora_path=LORA_ADAPTER_NAME)
     assert versions == {"2"}
     base, _ = engine_samples(url, PROMPTS, group_size=2, max_new_tokens=12)  # no lora_path: the base model
-    assert _max_gap(trainer, lora) <= 1e-5
-    assert _max_gap(trainer, base) > 1e-3  # the adapter does change the policy; the engine's base is untouched
+    assert max_log_prob_gap(trainer, lora) <= 1e-5
+    assert max_log_prob_gap(trainer, base) > 1e-3  # the adapter does change the policy; the engine's base is untouched
     info = httpx.get(f"{url}/model_info").json()
     assert info["lora_weight_versions"][LORA_ADAPTER_NAME] == "2"  # the adapter's own version
     assert info["weight_version"] == "0"  # the base weights did not change
@@ -195,7 +184,7 @@ def test_a_lora_run_through_the_router_samples_with_its_adapter(tiny_model, engi
             sync.sync(trainer)
             assert sync.serves(50, adapter=LORA_ADAPTER_NAME) and not sync.serves(50)  # the adapter's version
         samples = router_samples(url, token, PROMPTS, group_size=2, max_new_tokens=8)
-        assert _max_gap(trainer, samples) <= 1e-5
+        assert max_log_prob_gap(trainer, samples) <= 1e-5
 
 
 def test_one_batch_mixes_the_base_model_and_an_adapter(engine, lora_trainer, tmp_path):

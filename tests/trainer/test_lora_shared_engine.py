@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import torch
 
 from slimeish.buffer import Buffer, EmbeddedServer
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
@@ -24,7 +23,7 @@ from slimeish.train.loop import router_flags
 from slimeish.trainer.config import TrainerConfig
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
-from tests.trainer.trainer_helpers import random_samples
+from tests.trainer.trainer_helpers import max_log_prob_gap, random_samples
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 51, 52]]
 GROUP_SIZE = 2
@@ -78,17 +77,6 @@ async def _groups(buffer_url: str, run_id: str) -> dict[str, list[Sample]]:
     return {g.group_id: g.samples for g in taken.groups}
 
 
-def _gap(trainer: Trainer, samples: list[Sample]) -> float:
-    ours = trainer.compute_log_probs(samples)
-    return max(
-        (torch.tensor(a, dtype=torch.float64) - torch.tensor(s.rollout_log_probs, dtype=torch.float64))
-        .abs()
-        .max()
-        .item()
-        for a, s in zip(ours, samples, strict=True)
-    )
-
-
 def test_two_lora_runs_share_one_engine(tiny_model, engine_factory, valkey, tmp_path):
     engine = engine_factory(tiny_model)
     trainers = {
@@ -129,5 +117,5 @@ def test_two_lora_runs_share_one_engine(tiny_model, engine_factory, valkey, tmp_
         assert {v for s in samples for v in s.weight_versions} == {trainers[run].weight_version}
         # each sample says the adapter that sampled it (bound when opened, or the router's --lora-path)
         assert {s.metadata.get("lora_path") for s in samples} == {trainers[run].config.lora_name}
-        assert _gap(trainers[run], samples) <= 1e-5  # sampled with its own adapter, unmerged
-        assert _gap(trainers[other], samples) > 1e-3  # not with the other run's
+        assert max_log_prob_gap(trainers[run], samples) <= 1e-5  # sampled with its own adapter, unmerged
+        assert max_log_prob_gap(trainers[other], samples) > 1e-3  # not with the other run's

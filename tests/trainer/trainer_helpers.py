@@ -11,6 +11,7 @@ from slimeish.common.sample import Sample
 from slimeish.trainer.convert import hf_to_megatron
 from slimeish.trainer.hf_io import load_megatron_into
 from slimeish.trainer.model import ModelShape
+from slimeish.trainer.trainer import Trainer
 
 
 def load_hf_into(model: torch.nn.Module, hf: dict[str, torch.Tensor], shape: ModelShape) -> None:
@@ -93,3 +94,15 @@ def router_samples(router: str, admin_token: str, prompts: list[list[int]], grou
                            loss_mask=[1] * len(out), rollout_log_probs=logprobs, reward=float(i % 2))
                 )  # fmt: skip
     return samples
+
+
+def max_log_prob_gap(trainer: Trainer, samples: list[Sample]) -> float:
+    """The largest |trainer log-prob - sampled log-prob| over `samples`' tokens (float64)."""
+    ours = trainer.compute_log_probs(samples)
+    return max(
+        (torch.tensor(a, dtype=torch.float64) - torch.tensor(s.rollout_log_probs, dtype=torch.float64))
+        .abs()
+        .max()
+        .item()
+        for a, s in zip(ours, samples, strict=True)
+    )
