@@ -13,6 +13,7 @@ import itertools
 import pytest
 
 from tests.programs.conftest import SHORT, TASK, claude_code, codex, gemini_cli, mini_swe_agent, opencode
+from tests.router.test_anthropic_sdk import engine_calls
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +30,14 @@ def test_codex_exec(harness, tmp_path):
 def test_claude_code_print(harness, tmp_path):
     session, start, seen = harness.start_episode("claude", sampling_defaults=SHORT)
     r = harness.run(claude_code(session, tmp_path, TASK), tmp_path)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "/messages" in harness.posts(seen)
+    posts = harness.posts(seen)
+    # a blank reply stopped by a stop sequence is sent once more; blank again, Claude Code ends its
+    # run as `error_during_execution` (exit 1, "Execution error"): the program's answer to a model
+    # that said nothing (about 1 run in 100 here), not a refused request
+    replies = [a["text"] for _, a in engine_calls(harness.router.engine_log[start:])]
+    gave_up = replies[-2:] == ["", ""] and r.stdout.strip() == "Execution error"
+    assert r.returncode == 0 or gave_up, (r.stdout + r.stderr)[-3000:] + f"\nreplies: {replies}"
+    assert "/messages" in posts
     harness.check_episode(session, start, seen)
 
 
