@@ -20,6 +20,7 @@ PROMPT_REPEATED = "prompt_repeated"  # the same (or a shorter) history again: a 
 HISTORY_TRUNCATED = "history_truncated"  # earlier messages were dropped
 HISTORY_EDITED = "history_edited"  # earlier messages were rewritten (summaries, edits)
 ASSISTANT_EDITED = "assistant_edited"  # the model's last reply came back changed
+REPLY_DROPPED = "reply_dropped"  # the model's last reply left out, the history before it kept
 REASONING_DROPPED = "reasoning_dropped"  # the model's last reply came back without its <think> part
 TOKENS_DIVERGED = "tokens_diverged"  # token-in / completions: the prompt does not extend the last one
 PARALLEL_CHOICE = "parallel_choice"  # choice i > 0 of an n > 1 request
@@ -102,4 +103,6 @@ def split_reason(previous: list[Canonical], reply: Canonical, new: list[Canonica
     if reply in rest:  # the conversation goes on after the last reply, with earlier messages changed
         kept = all(m in seen[i:] for m in rest[: rest.index(reply)])
         return HISTORY_TRUNCATED if kept else HISTORY_EDITED
+    if i == len(previous):  # e.g. mini-swe-agent answers a reply it cannot parse with only its error
+        return REPLY_DROPPED
     return NEW_CONVERSATION if i <= _first_content_index(seen) else HISTORY_EDITED

@@ -58,12 +58,12 @@ def test_mini_swe_agent(harness, tmp_path):
     r = harness.run(mini_swe_agent(session, tmp_path, TASK, "-c", "mini.yaml", "-c", "agent.step_limit=3"), tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert harness.posts(seen) == ["/chat/completions"] * 3
-    # each sample exact; each turn after the first is its own segment, `history_edited`: a reply with
+    # each sample exact; each turn after the first is its own segment, `reply_dropped`: a reply with
     # no tool call is a format error to mini-swe-agent, which drops the reply from its history and
     # sends only its error message, so the next prompt never held the sampled reply (a split is right;
     # a tool-call reply comes back as returned: test_tool_episodes.py's episode is one segment)
     samples = harness.check_episode(session, start, seen)
-    assert [s.split_reason for s in samples] == [None, "history_edited", "history_edited"]
+    assert [s.split_reason for s in samples] == [None, "reply_dropped", "reply_dropped"]
 
 
 def test_gemini_cli(harness, tmp_path):

@@ -95,8 +95,18 @@ def test_agent_formatting_differences_still_extend(renderer):
             lambda h: [*h[:-1], {"role": "assistant", "content": "edited"}, {"role": "user", "content": "x"}],
             H.ASSISTANT_EDITED,
         ),
+        (lambda h: [*h[:-1], {"role": "user", "content": "format error"}], H.REPLY_DROPPED),
     ],
-    ids=["sub-agent", "new-task", "retry", "truncated-tail", "dropped-middle", "summarized", "assistant-edited"],
+    ids=[
+        "sub-agent",
+        "new-task",
+        "retry",
+        "truncated-tail",
+        "dropped-middle",
+        "summarized",
+        "assistant-edited",
+        "reply-dropped",
+    ],
 )
 def test_split_reasons(renderer, edit, reason):
     cap, hist = episode(renderer)
