@@ -29,7 +29,7 @@ CONVERSATION = [
 ]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3"])
 def test_files_and_loading(tiny_model_factory, arch):
     path = tiny_model_factory(arch)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):

@@ -8,11 +8,14 @@ the chat template and special tokens of a model family (`--family`: slimeish's C
 template, Qwen3's own with reasoning, Qwen3-Coder's own with XML calls, GLM-4.5's own with
 reasoning and <arg_key>/<arg_value> calls, Llama 3.2's own with JSON calls, DeepSeek-V3-0324's own
 with calls in a section of special tokens), and a randomly
-initialised Qwen2, Llama, Qwen3, Qwen3-MoE or GLM-4.5 model from `transformers` (`--arch qwen3_moe`:
+initialised Qwen2, Llama, Qwen3, Qwen3-MoE, GLM-4.5 or DeepSeek-V3 model from `transformers` (`--arch qwen3_moe`:
 every layer sparse, `--num-experts` experts of width `--moe-intermediate-size`, `--experts-per-token`
 routed per token, top-k weights renormalised as Qwen3-30B-A3B has them; `--arch glm4_moe`: GLM-4.5-Air's
 shape: the first layer dense, then sigmoid routing with a score-correction bias, one shared expert,
-routed weights renormalised and scaled by 2.5, half the head dims rotary, q/k/v biases). The result is a directory that
+routed weights renormalised and scaled by 2.5, half the head dims rotary, q/k/v biases; `--arch deepseek_v3`:
+DeepSeek-V3's shape: multi-head latent attention with low-rank q and kv, the first layer dense, then
+sigmoid routing with a score-correction bias within the best half of two expert groups, one shared
+expert, routed weights renormalised and scaled by 2.5, plain RoPE). The result is a directory that
 `from_pretrained` loads exactly like a real checkpoint, so every loader in slimeish is exercised
 on the real code path.
 """
@@ -29,8 +32,8 @@ from typing import Any, Literal
 
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 
-Arch = Literal["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe"]
-MOE_ARCHS = ("qwen3_moe", "glm4_moe")
+Arch = Literal["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3"]
+MOE_ARCHS = ("qwen3_moe", "glm4_moe", "deepseek_v3")
 Family = Literal["chatml", "qwen3", "qwen3-coder", "glm-4.5", "llama3", "deepseek-v3"]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -249,7 +252,7 @@ def build_tokenizer(cfg: TinyModelConfig):  # -> PreTrainedTokenizerFast
 
 
 def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.PretrainedConfig
-    from transformers import Glm4MoeConfig, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, Glm4MoeConfig, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     arch = cfg.arch or FAMILY_ARCH[cfg.family]
     # Llama 3.2 1B ties, Qwen3-30B-A3B and GLM-4.5 do not (the families' published small checkpoints)
@@ -304,7 +307,42 @@ def build_model_config(cfg: TinyModelConfig, tokenizer):  # -> transformers.Pret
             "head_dim": cfg.hidden_size // cfg.num_heads,
         }
         return Glm4MoeConfig(**common, **glm, attention_bias=True)
+    if arch == "deepseek_v3":
+        # every head has its own k and v from the kv latent (V3: num_key_value_heads = num_attention_heads)
+        return DeepseekV3Config(**(common | {"num_key_value_heads": cfg.num_heads}), **_deepseek_v3(cfg))
     return Qwen3Config(**common, head_dim=cfg.hidden_size // cfg.num_heads, attention_bias=False)
+
+
+def _deepseek_v3(cfg: TinyModelConfig) -> dict[str, Any]:
+    """DeepSeek-V3's config.json scaled down: latent ranks below the width (q: half, kv: a
+    quarter); per head a rotary part and k (nope) and v parts twice its size, as V3's 64/128/128;
+    routing within the best topk_group of n_group expert groups with num_experts_per_tok = 2 x
+    topk_group (V3: 8 of 256 in 4 of 8 groups; here 2 groups and the best half of them), 1 shared
+    expert, the first layer dense. YaRN off (its rope_scaling is for contexts past 4k) and no MTP
+    layer (next-token prediction only)."""
+    k, groups = cfg.experts_per_token, 2
+    if k % 2 or cfg.num_experts % groups or k // 2 > groups:
+        raise ValueError("deepseek_v3: --experts-per-token must be even and at most --num-experts / 2 x 2")
+    rope = cfg.hidden_size // cfg.num_heads // 2
+    return {
+        "n_routed_experts": cfg.num_experts,
+        "num_experts_per_tok": k,
+        "moe_intermediate_size": cfg.moe_intermediate_size,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": groups,
+        "topk_group": k // 2,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "q_lora_rank": cfg.hidden_size // 2,
+        "kv_lora_rank": cfg.hidden_size // 4,
+        "qk_nope_head_dim": 2 * rope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": 2 * rope,
+        "rope_interleave": True,
+        "num_mtp_layers": 0,
+        "attention_bias": False,
+    }
 
 
 def make_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> Path:
@@ -332,7 +370,7 @@ def make_tiny_model(out_dir: str | Path, cfg: TinyModelConfig | None = None) -> 
 
 
 def _trained_correction_bias(model) -> None:
-    """GLM-4.5's routers add a per-expert score-correction bias before top-k; a fresh model's is
+    """GLM-4.5's and DeepSeek-V3's routers add a per-expert score-correction bias before top-k; a fresh model's is
     zero, a trained one's is not. A random one, so the bias path is exercised end to end."""
     import torch
 

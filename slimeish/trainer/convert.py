@@ -1,4 +1,4 @@
-"""Weight conversion between Hugging Face (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5) and Megatron-core names.
+"""Weight conversion between Hugging Face (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5, DeepSeek-V3) and Megatron names.
 
 Both directions work on full (unsharded) tensors; `shard_for_rank` / `gather_shards` cut and join
 the tensor-parallel pieces for TP > 1. Megatron's fused QKV weight is laid out per query group:
@@ -8,7 +8,9 @@ vocab, dropped again on the way back, so HF -> Megatron -> HF is bit-exact. MoE 
 checkpoint's per-expert names (`mlp.experts.E.gate_proj`, ..., router `mlp.gate`), the layout
 Qwen3-MoE and GLM-4.5 checkpoints are published in and `save_pretrained` writes; GLM-4.5's router
 also carries `mlp.gate.e_score_correction_bias` (Megatron's `router.expert_bias`), its MoE layers a
-dense `mlp.shared_experts`, and its first `first_k_dense_replace` layers a dense MLP.
+dense `mlp.shared_experts`, and its first `first_k_dense_replace` layers a dense MLP. DeepSeek-V3
+routes as GLM-4.5 and its latent attention maps one HF weight to one Megatron weight, unchanged
+(`_MLA_NAMES`: Megatron's kv up-projection has HF's per-head [k_nope; v] rows).
 """
 
 from __future__ import annotations
@@ -43,6 +45,25 @@ def _pad_vocab(w: Tensor, shape: ModelShape) -> Tensor:
     return torch.cat([w, w.new_zeros(pad, *w.shape[1:])]) if pad else w.clone()
 
 
+# DeepSeek-V3's latent attention, (Megatron, HF) names under `self_attention.` / `self_attn.`.
+_MLA_NAMES = [
+    ("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"),
+    ("kv_layernorm.weight", "kv_a_layernorm.weight"),
+    ("linear_kv_up_proj.weight", "kv_b_proj.weight"),
+    ("linear_proj.weight", "o_proj.weight"),
+]
+_MLA_Q_LORA = [
+    ("linear_q_down_proj.weight", "q_a_proj.weight"),
+    ("q_layernorm.weight", "q_a_layernorm.weight"),
+    ("linear_q_up_proj.weight", "q_b_proj.weight"),
+]
+
+
+def _mla_names(shape: ModelShape) -> list[tuple[str, str]]:
+    assert shape.mla is not None
+    return _MLA_NAMES + (_MLA_Q_LORA if shape.mla.q_lora_rank else [("linear_q_proj.weight", "q_proj.weight")])
+
+
 def hf_to_megatron(hf: Tensors, shape: ModelShape) -> Tensors:
     """Full HF state dict -> full Megatron state dict (tensors are copies)."""
     out: Tensors = {
@@ -55,6 +76,11 @@ def hf_to_megatron(hf: Tensors, shape: ModelShape) -> Tensors:
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         att = h + "self_attn."
         out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"].clone()
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
+        out.update(_mlp_to_megatron(hf, h + "mlp.", m + "mlp.", shape.is_moe_layer(i), shape))
+        if shape.mla:
+            out.update({m + "self_attention." + mn: hf[att + hn].clone() for mn, hn in _mla_names(shape)})
+            continue
         out[m + "self_attention.linear_qkv.weight"] = _qkv_to_megatron(
             hf[att + "q_proj.weight"], hf[att + "k_proj.weight"], hf[att + "v_proj.weight"], shape
         )
@@ -66,8 +92,6 @@ def hf_to_megatron(hf: Tensors, shape: ModelShape) -> Tensors:
             out[m + "self_attention.q_layernorm.weight"] = hf[att + "q_norm.weight"].clone()
             out[m + "self_attention.k_layernorm.weight"] = hf[att + "k_norm.weight"].clone()
         out[m + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"].clone()
-        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"].clone()
-        out.update(_mlp_to_megatron(hf, h + "mlp.", m + "mlp.", shape.is_moe_layer(i), shape))
     return out
 
 
@@ -116,6 +140,11 @@ def megatron_to_hf(mg: Tensors, shape: ModelShape) -> Tensors:
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         att = h + "self_attn."
         out[h + "input_layernorm.weight"] = mg[m + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = mg[m + "pre_mlp_layernorm.weight"]
+        out.update(_mlp_from_megatron(mg, m + "mlp.", h + "mlp.", shape.is_moe_layer(i), shape))
+        if shape.mla:
+            out.update({att + hn: mg[m + "self_attention." + mn] for mn, hn in _mla_names(shape)})
+            continue
         qkv = qkv_from_megatron(mg[m + "self_attention.linear_qkv.weight"], shape)
         out.update(zip((att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"), qkv, strict=True))
         if shape.qkv_bias:
@@ -125,8 +154,6 @@ def megatron_to_hf(mg: Tensors, shape: ModelShape) -> Tensors:
             out[att + "q_norm.weight"] = mg[m + "self_attention.q_layernorm.weight"]
             out[att + "k_norm.weight"] = mg[m + "self_attention.k_layernorm.weight"]
         out[att + "o_proj.weight"] = mg[m + "self_attention.linear_proj.weight"]
-        out[h + "post_attention_layernorm.weight"] = mg[m + "pre_mlp_layernorm.weight"]
-        out.update(_mlp_from_megatron(mg, m + "mlp.", h + "mlp.", shape.is_moe_layer(i), shape))
     return out
 
 

@@ -1,9 +1,11 @@
-"""Qwen3-MoE and GLM-4.5 in the trainer: Megatron's MoE layers built from the HF config, expert
+"""Qwen3-MoE, GLM-4.5 and DeepSeek-V3 in the trainer: Megatron's MoE layers built from the HF config, expert
 parallel 1 on CPU.
 
 The tiny checkpoints are written by `save_pretrained`, so they hold the per-expert names that
-published Qwen3-MoE and GLM-4.5 checkpoints have. The GLM-4.5 one takes the paths its released
-configs leave off: group-limited routing (2 groups, the best 1) and q/k norms. Weights are drawn
+published Qwen3-MoE, GLM-4.5 and DeepSeek-V3 checkpoints have. The GLM-4.5 one takes the paths its
+released configs leave off: group-limited routing (2 groups, the best 1) and q/k norms. DeepSeek-V3
+routes in groups as its config does, and its latent attention comes with a low-rank q (V3's) and
+without (`q_lora_rank: null`, V2-Lite's). Weights are drawn
 larger than the default init so that the router's choices and the experts' outputs differ
 visibly: a wrong expert order or router rule would move the logits far beyond the bound.
 """
@@ -14,7 +16,7 @@ import math
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, Glm4MoeConfig, Qwen3MoeConfig
+from transformers import AutoConfig, AutoModelForCausalLM, DeepseekV3Config, Glm4MoeConfig, Qwen3MoeConfig
 
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.convert import hf_to_megatron, megatron_to_hf
@@ -31,10 +33,19 @@ def moe_config(kind: str):
     if kind == "glm4_moe":  # layer 0 dense, layer 1 sparse with a shared expert
         glm = dict(n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)
         return Glm4MoeConfig(**common, **glm, routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True)
+    if kind.startswith("deepseek_v3"):  # as GLM-4.5's routing, with latent attention (every head its own k/v)
+        mla = dict(q_lora_rank=None if kind.endswith("no_q_lora") else 32, kv_lora_rank=16, qk_nope_head_dim=16,
+                   qk_rope_head_dim=8, v_head_dim=16, num_mtp_layers=0)  # fmt: skip
+        routing = dict(n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)
+        common = common | {"num_key_value_heads": 4}
+        del common["head_dim"]  # V3's config has none: the config sets it to the rotary part's width
+        return DeepseekV3Config(**common, **routing, **mla, routed_scaling_factor=2.5)
     return Qwen3MoeConfig(**common, num_experts=4, norm_topk_prob=kind == "norm_topk")
 
 
-@pytest.fixture(scope="module", params=["norm_topk", "no_norm_topk", "glm4_moe"])
+@pytest.fixture(
+    scope="module", params=["norm_topk", "no_norm_topk", "glm4_moe", "deepseek_v3", "deepseek_v3_no_q_lora"]
+)
 def moe_dir(request, tmp_path_factory):
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(moe_config(request.param), dtype=torch.float32)
@@ -69,6 +80,23 @@ def test_round_trip_is_bit_exact_and_logits_match(moe_dir):
     assert (ours - theirs).abs().max().item() <= 1e-4
 
 
+def test_the_tiny_deepseek_v3_is_config_exact_and_megatron_matches_it(tiny_model_factory):
+    """`make-tiny-model --arch deepseek_v3`: V3's config keys (latent attention with a q rank, group
+    routing with num_experts_per_tok = 2 x topk_group, a dense first layer, a shared expert, every
+    head its own k/v, plain RoPE), and Megatron's logits on it are transformers'."""
+    path = tiny_model_factory("deepseek_v3", family="deepseek-v3")
+    cfg = AutoConfig.from_pretrained(path)
+    assert (cfg.n_group, cfg.topk_group, cfg.num_experts_per_tok, cfg.first_k_dense_replace) == (2, 1, 2, 1)
+    assert cfg.q_lora_rank and cfg.kv_lora_rank and cfg.n_shared_experts == 1 and cfg.rope_interleave
+    assert cfg.num_key_value_heads == cfg.num_attention_heads and cfg.rope_parameters["rope_type"] == "default"
+    mg = build_gpt_model(cfg).eval()
+    load_megatron_into(mg, hf_to_megatron(read_hf_weights(path), model_shape(cfg)))
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 23), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt_logits(mg, ids, cfg.vocab_size), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 def test_a_step_trains_router_and_experts_and_exports_loadable_weights(moe_dir, tmp_path):
     trainer = Trainer(TrainerConfig(model_path=moe_dir, lr=1e-2), LossConfig())
     before = trainer.hf_state_dict()
@@ -95,7 +123,9 @@ def test_dense_layers_between_moe_layers_are_refused(tmp_path):
         build_gpt_model(cfg)
 
 
-@pytest.mark.parametrize("moe_dir", ["norm_topk", "no_norm_topk"], indirect=True)  # GLM-4.5 trains without one
+@pytest.mark.parametrize(
+    "moe_dir", ["norm_topk", "no_norm_topk"], indirect=True
+)  # GLM-4.5, DeepSeek-V3 train without one
 def test_the_load_balancing_loss_is_reported_and_alone_trains_the_routers(moe_dir):
     """Equal rewards give zero advantages, so the policy loss has no gradient: whatever moves is
     moved by the aux loss, which reaches the routers and everything below them, but not the last
