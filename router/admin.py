@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from slimeish.buffer import SessionInfo
 from slimeish.common.sample import Status
 from slimeish.router.capture import NEXT_TURN_PROMPT
-from slimeish.router.engine_pool import UPDATE_PATHS, UpdatePath, refused_by_all, update_target
+from slimeish.router.engines import UPDATE_PATHS, UpdatePath, refused_by_all, update_target
 from slimeish.router.errors import APIError
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.pipeline import bearer_token, parse, read_json, request_key

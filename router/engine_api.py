@@ -58,4 +58,5 @@ class GenerateReply(TypedDict, total=False):
     meta_info: MetaInfo
 
 
+Answer = GenerateReply | list[GenerateReply]  # a non-streamed answer: a list when the request asked for n > 1
 EngineChunks = AsyncIterator[tuple[GenerateReply, str]]  # (SGLang's cumulative chunk, the engine's url)

@@ -15,9 +15,8 @@ routers, one fans the update out and the others only `record` it. Each LoRA adap
 its own (several runs share the engines, each syncing its adapter): the pool keeps the last update of
 the base weights and of each adapter, and replays each one an engine is behind on.
 
-The client is aiohttp: the router's own cost per turn is mostly this hop, and with many
-connections to one engine httpx spent ~1.1 ms of CPU per request in its connection pool, aiohttp
-~0.08 ms (docs/benchmarks.md). `timeout` bounds connecting and each read, not a whole stream, so
+The HTTP hop to one engine is `engine_http`'s, and what the pool knows of each engine and of the
+updates is `engines`'. `timeout` bounds connecting and each read, not a whole stream, so
 a long generation is never cut while tokens flow.
 """
 
@@ -26,15 +25,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, get_args
+from collections.abc import AsyncIterator, Collection, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
 
-from slimeish.router.engine_api import GenerateReply
+from slimeish.router.engine_api import Answer, GenerateReply
+from slimeish.router.engine_http import (
+    CONNECT_TIMEOUT,
+    HTTP_ERRORS,
+    JSON,
+    EngineError,
+    EngineFailedMidStream,
+    Item,
+    Reader,
+    dropped,
+    read_chunks,
+    read_whole,
+    unreachable,
+)
+from slimeish.router.engines import (
+    UPDATE_PATHS,
+    Engine,
+    WeightUpdate,
+    note_answer_version,
+    refused_by_all,
+    set_health,
+    took,
+    update_target,
+)
 from slimeish.router.jsontypes import JSONObject
 
 log = logging.getLogger(__name__)
@@ -42,196 +62,6 @@ log = logging.getLogger(__name__)
 
 class NoEngineError(RuntimeError):
     """No healthy engine could serve the request (an HTTP 503 for the client)."""
-
-
-class EngineRejected(ValueError):
-    """The engine answered 4xx: the request itself is bad (an HTTP 400 for the client)."""
-
-
-class EngineError(RuntimeError):
-    """The engine failed this one request (5xx answer, timeout): 502/504 for the client, no retry."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-# Failures before the engine answered (refused, reset, dropped keep-alive, no connection in time):
-# safe to retry elsewhere. A read timeout is not among them (see `_unreachable`).
-UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-# A reachable engine accepts a connection in milliseconds; waiting the whole request timeout for a
-# dead host would hold the request for minutes before it is retried elsewhere.
-CONNECT_TIMEOUT = 10.0
-HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
-JSON = {"content-type": "application/json"}
-# SGLang (and uvicorn by default) closes a connection idle for 5 s. Reusing one just as the engine
-# closes it fails the request before the engine reads it, and ejects a healthy engine; so idle
-# connections are dropped here first. Agents often pause longer than that between turns.
-IDLE_CONNECTION_S = 4.0
-
-
-def engine_client(idle_s: float = IDLE_CONNECTION_S) -> aiohttp.ClientSession:
-    """The router's one HTTP client to its engines (many connections: one per concurrent turn)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=idle_s))
-
-
-def _dropped(e: BaseException) -> bool:
-    """The engine took the connection and closed it before answering (not: could not connect)."""
-    return _unreachable(e) and not isinstance(e, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
-
-
-def _unreachable(e: BaseException) -> bool:
-    """The request never reached the engine. aiohttp's timeouts are connection errors too, so the
-    read timeout (a long generation: 504, not retried) is told apart from the connect timeout."""
-    if isinstance(e, aiohttp.ConnectionTimeoutError):
-        return True
-    return isinstance(e, UNREACHABLE) and not isinstance(e, TimeoutError)
-
-
-async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The body's lines, however long: SGLang's stream chunks are cumulative (every chunk repeats
-    all ids and log-probs so far), and aiohttp's own line reader refuses lines over 512 KiB."""
-    pending, scanned = bytearray(), 0  # bytes before `scanned` hold no newline: never searched twice
-    async for data in stream.iter_any():
-        pending += data
-        start = 0
-        while (end := pending.find(b"\n", scanned)) >= 0:
-            yield bytes(pending[start:end])
-            start = scanned = end + 1
-        del pending[:start]
-        scanned = len(pending)
-    if pending:
-        yield bytes(pending)
-
-
-def _check_status(engine: Engine, status: int, content: bytes) -> None:
-    if status < 400:
-        return
-    text = content.decode(errors="replace")
-    if status >= 500:
-        raise EngineError(502, f"engine {engine.url} answered HTTP {status}: {text[:300]}")
-    if status >= 400:
-        raise EngineRejected(f"engine rejected the request: {text[:500]}")
-
-
-def refused_by_all(results: list[JSONObject]) -> bool:
-    """A fan-out that engines answered with errors and none took: the call itself is bad (a
-    payload no engine can load), unlike engines that were down, which are skipped."""
-    return not _took(results) and any("status_code" in r for r in results)
-
-
-def _took(results: list[JSONObject]) -> bool:
-    return any(r["ok"] for r in results)
-
-
-class EngineFailedMidStream(RuntimeError):
-    """The engine failed after output was already sent to the client: no retry is possible."""
-
-
-class GenerationAborted(RuntimeError):
-    """The engine ended a generation with `finish_reason.type == "abort"` (a request aborted on it):
-    the turn has no answer, streamed or not (an HTTP 503 for the client)."""
-
-
-# The engine calls that change the weights a version serves (a LoRA run's: its adapter's).
-UpdatePath = Literal["/update_weights_from_disk", "/update_weights_from_tensor", "/load_lora_adapter"]
-UPDATE_PATHS: tuple[str, ...] = get_args(UpdatePath)
-
-
-@dataclass(frozen=True)
-class WeightUpdate:
-    """The last update the engines took: replayed to an engine that comes back behind it."""
-
-    path: str  # one of UPDATE_PATHS
-    body: JSONObject
-    version: int
-
-    @property
-    def adapter(self) -> str | None:
-        return update_target(self.path, self.body)
-
-
-def update_target(path: str, body: Mapping[str, Any]) -> str | None:
-    """What an update (or unload) changes: the LoRA adapter it names, or None for the base weights."""
-    name = body.get("lora_name") if path in ("/load_lora_adapter", "/unload_lora_adapter") else None
-    return name if isinstance(name, str) else None
-
-
-@dataclass
-class Engine:
-    url: str
-    healthy: bool = True
-    inflight: int = 0
-    sessions: int = 0
-    weight_version: int | None = None  # of the base weights
-    adapter_versions: dict[str, int] = field(default_factory=dict)  # of each LoRA adapter it serves
-    refused: str | None = None  # why the engine is kept out of the pool until it is added again
-    version_checked: bool = False
-    failed_checks: int = 0  # health checks in a row it answered late or not 200
-    failure: str | None = None  # its last failure (a request or health check), while it is unhealthy
-    down_since: float | None = None  # when it became unhealthy (time.time())
-
-    def as_dict(self) -> JSONObject:
-        keys = ("url", "healthy", "inflight", "sessions", "weight_version", "adapter_versions", "refused")
-        return {k: getattr(self, k) for k in keys}
-
-    def version(self, adapter: str | None) -> int | None:
-        """The version it serves of the base weights (None) or of a LoRA adapter (None: not loaded)."""
-        return self.weight_version if adapter is None else self.adapter_versions.get(adapter)
-
-    def note_version(self, adapter: str | None, version: int) -> None:
-        if adapter is None:
-            self.weight_version = version
-        else:
-            self.adapter_versions[adapter] = version
-
-
-def _set_health(engine: Engine, healthy: bool, failure: str) -> None:
-    """Mark `engine` healthy or not; an unhealthy one keeps the failure and when it went down."""
-    if healthy:
-        engine.failure = engine.down_since = None
-    else:
-        engine.failure = failure
-        engine.down_since = engine.down_since if not engine.healthy and engine.down_since else time.time()
-    engine.healthy = healthy
-
-
-Answer = GenerateReply | list[GenerateReply]  # a list when the request asked for n > 1
-
-
-async def _whole(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[Answer, None]:
-    """A non-streamed answer, as one item."""
-    content = await response.read()
-    _check_status(engine, response.status, content)
-    yield orjson.loads(content)
-
-
-def _note_answer_version(engine: Engine, answer: Answer, payload: Mapping[str, Any]) -> None:
-    """An answer carries the version the engine serves now of what it sampled with: the base weights,
-    or the request's LoRA adapter (a batch of several adapters says nothing of one)."""
-    first: GenerateReply = (answer[0] if answer else {}) if isinstance(answer, list) else answer
-    meta = first.get("meta_info", {})
-    if (meta.get("finish_reason") or {}).get("type") == "abort":
-        return  # an abort (its adapter unloaded under it) sampled nothing: its version says nothing
-    adapter = payload.get("lora_path")
-    version = meta.get("weight_version")
-    if version is not None and (adapter is None or isinstance(adapter, str)):
-        engine.note_version(adapter, int(version))  # SGLang sends it as a string
-
-
-async def _chunks(engine: Engine, response: aiohttp.ClientResponse) -> AsyncGenerator[GenerateReply, None]:
-    """A streamed answer's SGLang chunks (the `data:` lines of its server-sent events)."""
-    if response.status >= 400:
-        _check_status(engine, response.status, await response.read())
-    async for raw in _lines(response.content):
-        line = raw.strip()
-        if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-            yield orjson.loads(line[5:])
-
-
-Item = TypeVar("Item", Answer, GenerateReply)
-# How `EnginePool._send` reads an engine's answer: whole, or chunk by chunk.
-Reader = Callable[[Engine, aiohttp.ClientResponse], AsyncGenerator[Item, None]]
 
 
 class EnginePool:
@@ -301,15 +131,15 @@ class EnginePool:
     async def generate(self, payload: Mapping[str, Any], sticky: str | None) -> tuple[Answer, Engine]:
         """POST /generate, retried on another engine only when one cannot be reached (see
         `_not_reached`)."""
-        # `_whole` yields one answer; running `_send` to its end releases the engine right there.
-        [(answer, engine)] = [a async for a in self._send(orjson.dumps(payload), sticky, _whole)]
-        _note_answer_version(engine, answer, payload)
+        # `read_whole` yields one answer; running `_send` to its end releases the engine right there.
+        [(answer, engine)] = [a async for a in self._send(orjson.dumps(payload), sticky, read_whole)]
+        note_answer_version(engine, answer, payload)
         return answer, engine
 
     def stream(self, payload: Mapping[str, Any], sticky: str | None) -> AsyncIterator[tuple[GenerateReply, Engine]]:
         """POST /generate with `stream: true`, yielding SGLang chunks; an engine that cannot be
         reached is ejected and the request retried on another one."""
-        return self._send(orjson.dumps({**payload, "stream": True}), sticky, _chunks)
+        return self._send(orjson.dumps({**payload, "stream": True}), sticky, read_chunks)
 
     async def _send(self, body: bytes, sticky: str | None, read: Reader[Item]) -> AsyncIterator[tuple[Item, Engine]]:
         """The retry loop of both: POST `body` to /generate and yield what `read` makes of the
@@ -334,7 +164,7 @@ class EnginePool:
             except HTTP_ERRORS as e:
                 if started:
                     raise EngineFailedMidStream(f"engine {engine.url} failed mid-stream: {e!r}") from e
-                if not _unreachable(e):
+                if not unreachable(e):
                     raise self._failed(engine, e) from e
                 self._not_reached(engine, e, tried, redialed)
             finally:
@@ -351,7 +181,7 @@ class EnginePool:
         """A request that never reached `engine`. A dropped connection is most likely a kept-alive
         one the engine was closing: the engine is tried once more (not counted as a retry, another
         connection) before it is ejected; one that cannot be connected to is ejected at once."""
-        if _dropped(e) and engine.url not in redialed:
+        if dropped(e) and engine.url not in redialed:
             redialed.add(engine.url)
             tried.remove(engine.url)
             log.info("engine %s dropped a connection (%r); trying it again", engine.url, e)
@@ -360,7 +190,7 @@ class EnginePool:
 
     def _eject(self, engine: Engine, why: str) -> None:
         log.warning("engine %s failed (%s); ejected until healthy", engine.url, why)
-        _set_health(engine, False, why)
+        set_health(engine, False, why)
 
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(e) for e in list(self.engines.values())))
@@ -395,7 +225,7 @@ class EnginePool:
             log.warning("engine %s is now %s", engine.url, "healthy" if healthy else "unhealthy")
         elif not ok and healthy:
             log.warning("engine %s failed a health check (%d in a row)", engine.url, engine.failed_checks)
-        _set_health(engine, healthy, engine.refused or failure)
+        set_health(engine, healthy, engine.refused or failure)
 
     def _behind(self, engine: Engine) -> bool:
         return bool(self._missed(engine))
@@ -482,7 +312,7 @@ class EnginePool:
             ordered = [results[e.url] for e in engines]
             if is_update and not refused_by_all(ordered):
                 await self._record_update(path, body or {}, up)
-            elif path == "/unload_lora_adapter" and (gone := update_target(path, body or {})) and _took(ordered):
+            elif path == "/unload_lora_adapter" and (gone := update_target(path, body or {})) and took(ordered):
                 self.updates.pop(gone, None)  # no engine that comes back gets it again
         return ordered
 

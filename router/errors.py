@@ -25,13 +25,8 @@ from starlette.exceptions import HTTPException
 
 from slimeish.buffer import BufferInputError, ConflictError, SessionFinishedError
 from slimeish.common.redact import redact
-from slimeish.router.engine_pool import (
-    EngineError,
-    EngineFailedMidStream,
-    EngineRejected,
-    GenerationAborted,
-    NoEngineError,
-)
+from slimeish.router.engine_http import EngineError, EngineFailedMidStream, EngineRejected, GenerationAborted
+from slimeish.router.engine_pool import NoEngineError
 from slimeish.router.storage import StoreUnavailable
 
 log = logging.getLogger(__name__)

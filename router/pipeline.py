@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from slimeish.router.capture import TurnPlan, Validator
 from slimeish.router.engine_api import EngineChunks, SamplingParams
-from slimeish.router.engine_pool import GenerationAborted
+from slimeish.router.engine_http import GenerationAborted
 from slimeish.router.errors import APIError, from_validation_error, known_error
 from slimeish.router.jsontypes import JSONObject
 from slimeish.router.limits import check_context, check_message_count, off_loop_if_large, verbatim_texts

@@ -29,7 +29,8 @@ from slimeish.router.api_v1 import api
 from slimeish.router.config import RouterConfig
 from slimeish.router.connections import ConnectionCaps, GuardedProtocol
 from slimeish.router.dispatch import RouterApp
-from slimeish.router.engine_pool import EnginePool, engine_client
+from slimeish.router.engine_http import engine_client
+from slimeish.router.engine_pool import EnginePool
 from slimeish.router.errors import install_error_handlers
 from slimeish.router.limits import max_token_chars
 from slimeish.router.metrics import RouterMetrics

@@ -13,7 +13,8 @@ import pytest
 from aiohttp import web
 
 from slimeish.common.procs import free_port
-from slimeish.router.engine_pool import Engine, EnginePool, _note_answer_version
+from slimeish.router.engine_pool import EnginePool
+from slimeish.router.engines import Engine, note_answer_version
 
 
 class AdapterEngine:
@@ -103,7 +104,7 @@ def test_an_aborted_answer_leaves_the_adapter_version_alone():
     sampled nothing); taken as the adapter's version, it would make the engine look behind."""
     engine = Engine("http://engine", weight_version=0, adapter_versions={"a": 4})
     aborted = {"meta_info": {"finish_reason": {"type": "abort"}, "weight_version": "0"}}
-    _note_answer_version(engine, aborted, {"lora_path": "a"})  # type: ignore[arg-type]
+    note_answer_version(engine, aborted, {"lora_path": "a"})  # type: ignore[arg-type]
     assert engine.adapter_versions == {"a": 4}
-    _note_answer_version(engine, {"meta_info": {"weight_version": "5"}}, {"lora_path": "a"})  # type: ignore[arg-type]
+    note_answer_version(engine, {"meta_info": {"weight_version": "5"}}, {"lora_path": "a"})  # type: ignore[arg-type]
     assert engine.adapter_versions == {"a": 5}

@@ -16,16 +16,9 @@ import pytest
 from aiohttp import web
 
 from slimeish.common.procs import free_port
-from slimeish.router.engine_pool import (
-    IDLE_CONNECTION_S,
-    EngineError,
-    EnginePool,
-    EngineRejected,
-    NoEngineError,
-    _unreachable,
-    engine_client,
-    refused_by_all,
-)
+from slimeish.router.engine_http import IDLE_CONNECTION_S, EngineError, EngineRejected, engine_client, unreachable
+from slimeish.router.engine_pool import EnginePool, NoEngineError
+from slimeish.router.engines import refused_by_all
 
 OK = {"text": "", "output_ids": [1], "meta_info": {"weight_version": "4", "output_token_logprobs": [[-1.0, 1, None]]}}
 TIMEOUT = 0.5
@@ -93,8 +86,8 @@ async def pool(engines):
 
 
 def test_connect_timeouts_are_retried_elsewhere_read_timeouts_are_not():
-    assert _unreachable(aiohttp.ConnectionTimeoutError()) and _unreachable(aiohttp.ServerDisconnectedError())
-    assert not _unreachable(aiohttp.SocketTimeoutError()) and not _unreachable(TimeoutError())
+    assert unreachable(aiohttp.ConnectionTimeoutError()) and unreachable(aiohttp.ServerDisconnectedError())
+    assert not unreachable(aiohttp.SocketTimeoutError()) and not unreachable(TimeoutError())
 
 
 async def test_sticky_then_least_loaded(engines, pool):
