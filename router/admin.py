@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
@@ -234,7 +234,7 @@ async def remove_engine(state: AdminState, req: EngineBody) -> JSONObject:
 
 
 class RecordUpdate(BaseModel):
-    path: UpdatePath
+    path: UpdatePath | Literal["/unload_lora_adapter"]  # an unload: the adapter's last load is forgotten
     body: JSONObject
 
 
@@ -243,7 +243,8 @@ async def record_update(
     state: AdminState, req: Annotated[RecordUpdate, Depends(json_body(RecordUpdate))]
 ) -> JSONObject:
     """An update another router of the run fanned out to the engines: remembered, not sent, so an
-    engine that comes back behind it is caught up here too (router replicas)."""
+    engine that comes back behind it is caught up here too (router replicas). An adapter's unload
+    is forgotten here too, so no router gives the adapter back to an engine that returns."""
     try:
         await state.pool.record(req.path, req.body)
     except ValueError as e:
