@@ -93,6 +93,16 @@ async def _open(state: RouterState, session: Session, info: SessionInfo) -> None
 async def create_session(
     request: Request, state: AdminState, req: Annotated[CreateSession, Depends(json_body(CreateSession))]
 ) -> JSONObject:
+    if req.lora_path is not None:  # refused now, not at the session's first turn
+        served, loaded = await state.pool.serves_adapter(req.lora_path)
+        if not served:
+            raise APIError(
+                400,
+                f"lora_path {req.lora_path!r} names no LoRA adapter loaded on the engines; loaded: {loaded} "
+                "(a run's weight sync loads its adapter under its --lora-name)",
+                param="lora_path",
+                code="adapter_not_loaded",
+            )
     try:
         session = state.sessions.create(req)
     except ValueError as e:

@@ -165,6 +165,7 @@ class Engine:
     sessions: int = 0
     weight_version: int | None = None  # of the base weights
     adapter_versions: dict[str, int] = field(default_factory=dict)  # of each LoRA adapter it serves
+    lists_adapters: bool = False  # its /model_info lists its adapters (the embedded engine's; SGLang's does not)
     refused: str | None = None  # why the engine is kept out of the pool until it is added again
     version_checked: bool = False
     failed_checks: int = 0  # health checks in a row it answered late or not 200
@@ -444,6 +445,7 @@ class EnginePool:
         adapters = info.get("lora_weight_versions")  # the embedded engine's (SGLang reports none)
         if isinstance(adapters, dict):
             engine.adapter_versions = {n: int(v) for n, v in adapters.items()}
+            engine.lists_adapters = True
         version = info.get("weight_version")
         if version is None:
             return
@@ -523,6 +525,19 @@ class EnginePool:
             for engine in (e for e in self.engines.values() if e.healthy):
                 with contextlib.suppress(*HTTP_ERRORS):
                     await self._check_version(engine)
+
+    async def serves_adapter(self, adapter: str) -> tuple[bool, list[str]]:
+        """Whether a healthy engine serves LoRA `adapter`, and the adapters they serve. The engines
+        are asked again when this router has not seen it (another run's sync, through another
+        router, may have loaded it); engines that list no adapters (SGLang) cannot be checked and
+        are trusted."""
+        up = [e for e in self.engines.values() if e.healthy]
+        if not any(adapter in e.adapter_versions for e in up):
+            for engine in up:
+                with contextlib.suppress(*HTTP_ERRORS):
+                    await self._check_version(engine)
+        loaded = sorted({name for e in up for name in e.adapter_versions})
+        return adapter in loaded or not any(e.lists_adapters for e in up), loaded
 
     async def forget(self, adapter: str) -> None:
         """Forget LoRA `adapter`'s last load (it was unloaded from the engines): no engine that

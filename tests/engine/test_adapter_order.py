@@ -12,26 +12,14 @@ import asyncio
 import threading
 
 import httpx
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
 
 from slimeish.engine.config import EngineConfig
 from slimeish.engine.server import create_app
-
-
-def _peft_adapter(model_dir, out, seed: int) -> str:
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
-    peft_model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
-    for name, p in peft_model.named_parameters():
-        if "lora_B" in name:  # nonzero, so the two versions differ
-            p.data.normal_(generator=torch.Generator().manual_seed(seed))
-    peft_model.save_pretrained(out)
-    return str(out)
+from tests.peft_adapters import write_peft_adapter
 
 
 async def test_a_slow_earlier_load_never_overwrites_a_later_one(tiny_model, tmp_path):
-    v1, v2 = (_peft_adapter(tiny_model, tmp_path / f"v{v}", v) for v in (1, 2))
+    v1, v2 = (write_peft_adapter(tiny_model, tmp_path / f"v{v}", v) for v in (1, 2))
     app = create_app(EngineConfig(model=str(tiny_model)))
     lora = app.state.engine.runner.lora
     read, install = lora.read, lora.install
