@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
@@ -93,6 +93,16 @@ async def _open(state: RouterState, session: Session, info: SessionInfo) -> None
 async def create_session(
     request: Request, state: AdminState, req: Annotated[CreateSession, Depends(json_body(CreateSession))]
 ) -> JSONObject:
+    if req.lora_path is not None:  # refused now, not at the session's first turn
+        served, loaded = await state.pool.serves_adapter(req.lora_path)
+        if not served:
+            raise APIError(
+                400,
+                f"lora_path {req.lora_path!r} names no LoRA adapter loaded on the engines; loaded: {loaded} "
+                "(a run's weight sync loads its adapter under its --lora-name)",
+                param="lora_path",
+                code="adapter_not_loaded",
+            )
     try:
         session = state.sessions.create(req)
     except ValueError as e:
@@ -234,7 +244,7 @@ async def remove_engine(state: AdminState, req: EngineBody) -> JSONObject:
 
 
 class RecordUpdate(BaseModel):
-    path: UpdatePath
+    path: UpdatePath | Literal["/unload_lora_adapter"]  # an unload: the adapter's last load is forgotten
     body: JSONObject
 
 
@@ -243,7 +253,8 @@ async def record_update(
     state: AdminState, req: Annotated[RecordUpdate, Depends(json_body(RecordUpdate))]
 ) -> JSONObject:
     """An update another router of the run fanned out to the engines: remembered, not sent, so an
-    engine that comes back behind it is caught up here too (router replicas)."""
+    engine that comes back behind it is caught up here too (router replicas). An adapter's unload
+    is forgotten here too, so no router gives the adapter back to an engine that returns."""
     try:
         await state.pool.record(req.path, req.body)
     except ValueError as e:

@@ -274,6 +274,7 @@ class EnginePool:
         adapters = info.get("lora_weight_versions")  # the embedded engine's (SGLang reports none)
         if isinstance(adapters, dict):
             engine.adapter_versions = {n: int(v) for n, v in adapters.items()}
+            engine.lists_adapters = True
         version = info.get("weight_version")
         if version is None:
             return
@@ -299,7 +300,9 @@ class EnginePool:
         that answers any other call (an adapter unload while requests use it) with a 4xx is alive
         and serving what it served: it is reported, not ejected."""
         is_update = path in UPDATE_PATHS
-        async with self._updating if is_update else contextlib.nullcontext():
+        unloads = update_target(path, body or {}) if path == "/unload_lora_adapter" else None
+        # an unload changes what a catch-up replays, as an update does: neither interleaves with one
+        async with self._updating if is_update or unloads else contextlib.nullcontext():
             engines = list(self.engines.values())
             up = [e for e in engines if e.healthy]
             results = {e.url: {"url": e.url, "ok": False, "skipped": "unhealthy"} for e in engines if not e.healthy}
@@ -312,8 +315,8 @@ class EnginePool:
             ordered = [results[e.url] for e in engines]
             if is_update and not refused_by_all(ordered):
                 await self._record_update(path, body or {}, up)
-            elif path == "/unload_lora_adapter" and (gone := update_target(path, body or {})) and took(ordered):
-                self.updates.pop(gone, None)  # no engine that comes back gets it again
+            elif unloads and took(ordered):
+                self.updates.pop(unloads, None)  # no engine that comes back gets it again
         return ordered
 
     async def _record_update(self, path: str, body: JSONObject, up: list[Engine]) -> None:
@@ -334,7 +337,14 @@ class EnginePool:
         """Learn an update another router of the run fanned out (router replicas: each engine is
         updated once, by one router); it replaces the last one, as the trainer decides the order
         (a resumed run goes back to an older version). The engines' versions are read again, so
-        every router reports the same."""
+        every router reports the same. An adapter's unload that another router fanned out makes
+        this one forget the adapter's last load too."""
+        if path == "/unload_lora_adapter":
+            name = update_target(path, body)
+            if name is None:
+                raise ValueError('an unload\'s body names its adapter: {"lora_name": "<name>"}')
+            await self.forget(name)
+            return
         version = body.get("weight_version")
         if version is None:
             raise ValueError("the update's body has no weight_version: there is nothing to catch engines up to")
@@ -344,6 +354,25 @@ class EnginePool:
             for engine in (e for e in self.engines.values() if e.healthy):
                 with contextlib.suppress(*HTTP_ERRORS):
                     await self._check_version(engine)
+
+    async def serves_adapter(self, adapter: str) -> tuple[bool, list[str]]:
+        """Whether a healthy engine serves LoRA `adapter`, and the adapters they serve. The engines
+        are asked again when this router has not seen it (another run's sync, through another
+        router, may have loaded it); engines that list no adapters (SGLang) cannot be checked and
+        are trusted."""
+        up = [e for e in self.engines.values() if e.healthy]
+        if not any(adapter in e.adapter_versions for e in up):
+            for engine in up:
+                with contextlib.suppress(*HTTP_ERRORS):
+                    await self._check_version(engine)
+        loaded = sorted({name for e in up for name in e.adapter_versions})
+        return adapter in loaded or not any(e.lists_adapters for e in up), loaded
+
+    async def forget(self, adapter: str) -> None:
+        """Forget LoRA `adapter`'s last load (it was unloaded from the engines): no engine that
+        comes back is given it again. Never while a fan-out or a catch-up runs."""
+        async with self._updating:
+            self.updates.pop(adapter, None)
 
     async def _post(self, engine: Engine, path: str, body: JSONObject | None) -> JSONObject:
         try:

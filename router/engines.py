@@ -43,6 +43,7 @@ class Engine:
     sessions: int = 0
     weight_version: int | None = None  # of the base weights
     adapter_versions: dict[str, int] = field(default_factory=dict)  # of each LoRA adapter it serves
+    lists_adapters: bool = False  # its /model_info lists its adapters (the embedded engine's; SGLang's does not)
     refused: str | None = None  # why the engine is kept out of the pool until it is added again
     version_checked: bool = False
     failed_checks: int = 0  # health checks in a row it answered late or not 200

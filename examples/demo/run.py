@@ -49,6 +49,10 @@ class DemoConfig:
     eval_interval: int = help_field(10, help="evaluate on the held-out prompts every N steps")
     mode: Literal["sync", "async"] = help_field("sync", help="sync or async (see docs/cli.md)")
     fresh: bool = help_field(False, help="rebuild the data, the base model and the warm-start")
+    lora_rank: int = help_field(
+        0, help="train LoRA adapters of this rank on the frozen warm-start instead of all weights (0: full fine-tuning)"
+    )
+    lora_alpha: float = help_field(32.0, help="LoRA runs: adapters add (alpha / rank) * B A x")
 
 
 def prepare(cfg: DemoConfig) -> tuple[Path, Path, Path]:
@@ -89,6 +93,8 @@ def train_setup(cfg: DemoConfig, train: Path, eval_: Path, model: Path) -> Train
             min_lr=cfg.min_lr,
             adam_beta2=0.98,
             clip_grad=1.0,
+            lora_rank=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
         ),
         loss=LossConfig(kl_coef=cfg.kl_coef, kl_estimator="k3", loss_aggregation="sequence"),
     )

@@ -4,11 +4,13 @@ A sandbox whose network is off has a network namespace of its own holding only l
 router, wherever it is, is out of its reach. `RouterBridge` (the host's end) listens on a Unix
 socket in a directory that the sandbox mounts, and connects each connection to the router.
 Inside, this file runs as a script in front of the command (`python -I -S bridge.py PORT SOCKET --
-COMMAND...`): it listens on 127.0.0.1:PORT, the router's own port, connects each connection to the
+COMMAND...`): it listens on 127.0.0.1:PORT (the router's own port, or PORT + 10000 for a port
+below 1024, which an unprivileged process cannot listen on), connects each connection to the
 socket, and then runs the command and ends as it ends. The command's variables that name the
 router (the session's URL) name 127.0.0.1:PORT instead (`RouterBridge.inside_env`), so a router
 on another host or address works too, and the router is all the command reaches: nothing else
-on the host, nothing outside.
+on the host, nothing outside. An https URL keeps its host name, which the TLS certificate is
+checked against: the sandbox's /etc/hosts (`RouterBridge.hosts_file`) names 127.0.0.1 by it.
 
 Standard library only: inside it runs with the sandbox's Python and none of slimeish's packages.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -30,6 +33,13 @@ SOCKET_NAME = "router.sock"
 INSIDE_DIR = "/slimeish-net"  # where the sandbox mounts the bridge's directory
 INSIDE_HOST = "127.0.0.1"  # where the inside end listens: on the sandbox's own loopback
 CHUNK = 64 * 1024
+HOSTS_NAME = "hosts"  # the sandbox's /etc/hosts, in the bridge's directory
+LOW_PORT_SHIFT = 10000  # a port below 1024 is listened on inside at this much higher
+
+
+def inside_port(port: int) -> int:
+    """The port the inside end listens on for a router on `port`."""
+    return port if port >= 1024 else port + LOW_PORT_SHIFT
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -74,6 +84,7 @@ class RouterBridge:
 
     async def __aenter__(self) -> RouterBridge:
         self._server = await asyncio.start_unix_server(self._accept, path=str(self.dir / SOCKET_NAME))
+        self.hosts_file.write_text(f"127.0.0.1 localhost {self.target[0]}\n::1 localhost\n")
         os.chmod(self.dir, 0o755)
         return self
 
@@ -99,11 +110,16 @@ class RouterBridge:
         the sandbox's loopback-only network."""
         return {name: _to_inside(value, self.target) for name, value in env.items()}
 
-    @staticmethod
-    def inside_argv(port: int) -> list[str]:
+    @property
+    def hosts_file(self) -> Path:
+        """The sandbox's /etc/hosts: the router's host name is 127.0.0.1 there (an https URL keeps it)."""
+        return self.dir / HOSTS_NAME
+
+    def inside_argv(self) -> list[str]:
         """What to run inside, before the command's own argv: this script as the sandbox's end."""
         socket_path = f"{INSIDE_DIR}/{SOCKET_NAME}"
-        return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), str(port), socket_path, "--"]
+        port = str(inside_port(self.target[1]))
+        return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), port, socket_path, "--"]
 
 
 def _to_inside(value: str, router: tuple[str, int]) -> str:
@@ -118,7 +134,18 @@ def _to_inside(value: str, router: tuple[str, int]) -> str:
         return value
     userinfo = url.netloc.rpartition("@")[0]
     netloc = f"{userinfo}@" if userinfo else ""
-    return urllib.parse.urlunsplit(url._replace(netloc=f"{netloc}{INSIDE_HOST}:{port}"))
+    # https keeps a host name, which its certificate is checked against (the sandbox's /etc/hosts
+    # names 127.0.0.1 by it); an address can only become 127.0.0.1
+    host = url.hostname if url.scheme == "https" and not _is_address(url.hostname) else INSIDE_HOST
+    return urllib.parse.urlunsplit(url._replace(netloc=f"{netloc}{host}:{inside_port(port)}"))
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 async def _inside(port: int, socket_path: str, argv: list[str]) -> int:

@@ -95,8 +95,7 @@ class LocalSandbox(Sandbox):
         if self.bwrap:
             argv += bwrap_argv(self.dir, self.dir.parent, internet=network.internet, bridge=bridge)
         if bridge is not None:
-            assert network.router is not None
-            argv += bridge.inside_argv(network.router[1])
+            argv += bridge.inside_argv()
         return [*argv, "bash", "-c", command]
 
     def _bridge(self, network: Network) -> AbstractAsyncContextManager[RouterBridge | None]:
@@ -199,6 +198,8 @@ def bwrap_argv(sandbox: Path, root: Path, *, internet: bool, bridge: RouterBridg
             argv += ["--symlink", os.readlink(entry), top]
         elif entry.is_dir():
             argv += ["--ro-bind", top, top]
+    if bridge is not None:  # over the host's /etc: the router's host name is the inside end's address
+        argv += ["--ro-bind", str(bridge.hosts_file), "/etc/hosts"]
     if not str(root).startswith("/tmp/"):  # under /tmp it is hidden already: /tmp is the sandbox's own
         argv += ["--tmpfs", str(root)]
     for inside, sub in DIRS.items():

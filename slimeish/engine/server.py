@@ -328,8 +328,11 @@ def _add_control_routes(app: FastAPI, engine: Engine) -> None:
 def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
     """SGLang's adapter endpoints and reply shape (`success`, `error_message`, `loaded_adapters`).
     Loading a name that is loaded already swaps its weights in place (the trainer's LoRA sync):
-    sequences generating with it continue with the new weights, none is aborted."""
+    sequences generating with it continue with the new weights, none is aborted. Loads and unloads
+    take effect in the order they arrived: a load reads its files off the event loop, and one that
+    read faster must not be overwritten by an earlier version that read slower."""
     lora = engine.runner.lora
+    in_order = asyncio.Lock()  # FIFO: each change waits for the ones that arrived before it
 
     def reply(success: bool, error: str | None = None, **extra: Any) -> Response:
         loaded = {name: a.path for name, a in lora.adapters.items()}
@@ -343,11 +346,12 @@ def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
         if not isinstance(name, str) or not name or not isinstance(path, str):
             raise RequestError('give {"lora_name": "<name>", "lora_path": "<PEFT adapter directory>"}')
         version = _request_version(body.get("weight_version"))  # checked before anything changes
-        try:
-            adapter = await asyncio.to_thread(lora.read, name, path)  # reading files stays off the event loop
-        except (ValueError, OSError, KeyError) as e:
-            return reply(False, f"loading LoRA adapter {name!r} failed: {e}")
-        return reply(True, weight_version=str(lora.install(adapter, version)))
+        async with in_order:
+            try:
+                adapter = await asyncio.to_thread(lora.read, name, path)  # reading files stays off the event loop
+            except (ValueError, OSError, KeyError) as e:
+                return reply(False, f"loading LoRA adapter {name!r} failed: {e}")
+            return reply(True, weight_version=str(lora.install(adapter, version)))
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Response:
@@ -355,13 +359,14 @@ def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
         name = body.get("lora_name") if isinstance(body, dict) else None
         if not isinstance(name, str):
             raise RequestError('give {"lora_name": "<name>"}')
-        if n := engine.scheduler.uses_adapter(name):
-            return reply(False, f"LoRA adapter {name!r} is in use by {n} requests; unload it once they finish")
-        try:
-            lora.unload(name)
-        except ValueError as e:
-            return reply(False, str(e))
-        return reply(True)
+        async with in_order:  # after the loads that arrived before it
+            if n := engine.scheduler.uses_adapter(name):
+                return reply(False, f"LoRA adapter {name!r} is in use by {n} requests; unload it once they finish")
+            try:
+                lora.unload(name)
+            except ValueError as e:
+                return reply(False, str(e))
+            return reply(True)
 
 
 def _safetensors_paths(body: Any) -> list[str]:

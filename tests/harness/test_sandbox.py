@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from slimeish.rollout_functions.harness.bridge import RouterBridge
-from slimeish.rollout_functions.harness.local import LocalProvider, LocalSandbox
+from slimeish.rollout_functions.harness.local import LocalProvider, LocalSandbox, bwrap_argv
 from slimeish.rollout_functions.harness.sandbox import Network, describe_exit
 from slimeish.rollout_functions.harness.tasks import load_task
 
@@ -210,8 +210,26 @@ def test_only_urls_naming_the_router_are_rewritten_for_the_inside():
         shutil.rmtree(bridge.dir)
     assert inside == env | {
         "OPENAI_BASE_URL": "http://127.0.0.1:30000/s/k/v1",
-        "ANTHROPIC_BASE_URL": "https://user@127.0.0.1:30000/s/k",
+        # https keeps its host name for the certificate check; the sandbox's /etc/hosts resolves it
+        "ANTHROPIC_BASE_URL": "https://user@router.internal:30000/s/k",
     }
+
+
+async def test_a_router_on_a_low_port_or_https_is_reached_inside_by_a_port_and_name_that_work():
+    """Unprivileged, the inside end cannot listen below 1024: it listens 10000 higher. An https
+    URL keeps its host name (its TLS certificate names it), which the sandbox's hosts file maps to
+    the inside end; an https URL naming an address can only become 127.0.0.1."""
+    async with RouterBridge(("router.internal", 443)) as bridge:
+        inside = bridge.inside_env({"A": "https://router.internal/v1", "B": "http://router.internal:443/v1"})
+        assert inside == {"A": "https://router.internal:10443/v1", "B": "http://127.0.0.1:10443/v1"}
+        assert bridge.inside_argv()[-3] == "10443"  # the inside end's port
+        assert "127.0.0.1 localhost router.internal" in bridge.hosts_file.read_text()
+        argv = bwrap_argv(Path("/tmp/box"), Path("/tmp"), internet=False, bridge=bridge)
+        at = argv.index(str(bridge.hosts_file))
+        assert argv[at - 1 : at + 2] == ["--ro-bind", str(bridge.hosts_file), "/etc/hosts"]
+        assert at > argv.index("/etc")  # over the host's /etc, bound before it
+    async with RouterBridge(("10.1.2.3", 8443)) as bridge:
+        assert bridge.inside_env({"A": "https://10.1.2.3:8443/v1"}) == {"A": "https://127.0.0.1:8443/v1"}
 
 
 @pytest.mark.parametrize("bwrap", [pytest.param("on", marks=needs_bwrap), "off"])

@@ -8,6 +8,9 @@ restart that loses every adapter is one assignment.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import aiohttp
 import pytest
 from aiohttp import web
@@ -24,6 +27,9 @@ class AdapterEngine:
         self.versions: dict[str, int] = {}
         self.loads: list[tuple[str, int]] = []
         self.busy: set[str] = set()  # adapters whose unload is refused
+        self.gate: asyncio.Event | None = None  # when set: each load waits for it to open
+        self.loading = asyncio.Event()  # a load waits at the gate
+        self.unloaded = asyncio.Event()  # an unload reached the engine
         self.port = free_port()
         app = web.Application()
         app.router.add_get("/health", lambda _: web.Response())
@@ -38,6 +44,9 @@ class AdapterEngine:
 
     async def load(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if self.gate is not None:
+            self.loading.set()
+            await self.gate.wait()
         self.versions[body["lora_name"]] = int(body["weight_version"])
         self.loads.append((body["lora_name"], int(body["weight_version"])))
         return web.json_response({"success": True})
@@ -46,7 +55,9 @@ class AdapterEngine:
         name = (await request.json())["lora_name"]
         if name in self.busy:  # the embedded engine's answer while requests use the adapter
             return web.json_response({"success": False, "message": f"{name} is in use by 1 requests"}, status=400)
-        self.versions.pop(name)
+        self.unloaded.set()
+        if self.versions.pop(name, None) is None:
+            return web.json_response({"success": False, "message": f"no LoRA adapter named {name!r}"}, status=400)
         return web.json_response({"success": True})
 
 
@@ -83,6 +94,52 @@ async def test_each_adapter_keeps_its_version_and_is_replayed_to_an_engine_that_
 
         await pool.fan_out("/unload_lora_adapter", {"lora_name": "a"})  # run a is over
         assert set(pool.updates) == {"b"}  # an engine that comes back is not given a again
+
+
+async def test_an_unload_one_router_fanned_out_is_forgotten_by_every_router(engine):
+    """Router replicas: one fans the unload out, the others are told it (`record`, as
+    `/admin/record_update` with the unload's path); none gives the adapter back to an engine
+    that comes back."""
+    async with aiohttp.ClientSession() as client:
+        url = f"http://127.0.0.1:{engine.port}"
+        first, second = (EnginePool(client, [url], timeout=5.0) for _ in range(2))
+        for pool in (first, second):
+            await pool.check_health()
+        await first.fan_out("/load_lora_adapter", _load("a", 3))
+        await second.record("/load_lora_adapter", _load("a", 3))
+        await first.fan_out("/unload_lora_adapter", {"lora_name": "a"})
+        await second.record("/unload_lora_adapter", {"lora_name": "a"})
+        assert first.updates == second.updates == {}
+
+        engine.loads.clear()
+        for pool in (first, second):  # the engine restarts: each router checks it again
+            pool.engines[url].healthy = False
+            await pool.check_health()
+        assert engine.loads == [] and engine.versions == {}
+        with pytest.raises(ValueError, match="lora_name"):
+            await second.record("/unload_lora_adapter", {})
+
+
+async def test_an_unload_waits_for_a_catch_up_that_replays_its_adapter(engine):
+    """A catch-up replaying an adapter's load and that adapter's unload never interleave: the
+    unload lands after the replayed load, so the engine ends without the adapter."""
+    async with aiohttp.ClientSession() as client:
+        url = f"http://127.0.0.1:{engine.port}"
+        pool = EnginePool(client, [url], timeout=5.0)
+        await pool.check_health()
+        await pool.fan_out("/load_lora_adapter", _load("a", 3))
+        engine.versions.clear()  # restarted without it
+        pool.engines[url].healthy = False
+        engine.gate = asyncio.Event()
+        catch_up = asyncio.create_task(pool.check_health())
+        await engine.loading.wait()  # the replayed load is at the engine, not yet applied
+        unload = asyncio.create_task(pool.fan_out("/unload_lora_adapter", {"lora_name": "a"}))
+        with contextlib.suppress(TimeoutError):  # interleaved, the unload reaches the engine now
+            await asyncio.wait_for(engine.unloaded.wait(), timeout=2)
+        engine.gate.set()
+        await catch_up
+        [result] = await unload
+        assert result["ok"] and engine.versions == {} and pool.updates == {}
 
 
 async def test_a_refused_unload_keeps_the_engine_and_the_adapter(engine):
