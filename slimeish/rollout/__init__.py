@@ -154,7 +154,9 @@ def carries_response(sample: Sample) -> bool:
 
 def training_group_id(sample: Sample) -> str:
     """The buffer group of a training sample: one per prompt draw (`group_index`), so regenerated
-    members of a reopened group (served with the same `group_index`) land in it again."""
+    members of a reopened group (served with the same `group_index`) land in it again. For a sample
+    the data source gave; one read back from the buffer names its group in `metadata["group_id"]`
+    (its `group_index` is the buffer's own sequence number of the group, docs/buffer.md)."""
     if sample.group_index is None:
         raise ValueError("a training sample needs the group_index its data source gave it (get_samples sets it)")
     return f"g{sample.group_index}"

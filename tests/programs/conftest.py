@@ -51,12 +51,11 @@ class Invocation:
 
 
 def codex(session: dict, root: Path, task: str, *flags: str) -> Invocation:
-    home = root / "codex-home"
-    home.mkdir(exist_ok=True)
-    # Codex reads its base URL from config.toml only (OPENAI_BASE_URL is no longer read, 0.171)
-    (home / "config.toml").write_text(f'openai_base_url = "{session["base_url"]}"\n')
-    argv = [program("codex"), "exec", "--skip-git-repo-check", *flags, task]
-    return Invocation(argv, {"CODEX_HOME": str(home), "OPENAI_API_KEY": session["api_key"]})
+    # Codex reads its base URL from its config only (OPENAI_BASE_URL is no longer read, 0.171): `-c`
+    # sets it for this run, so its home (~/.codex, its sessions and logs) stays each run's own HOME's
+    base_url = f'openai_base_url="{session["base_url"]}"'
+    argv = [program("codex"), "exec", "--skip-git-repo-check", "-c", base_url, *flags, task]
+    return Invocation(argv, {"OPENAI_API_KEY": session["api_key"]})
 
 
 def claude_code(session: dict, root: Path, task: str, *flags: str) -> Invocation:

@@ -1,4 +1,4 @@
-"""Each agent program (Claude Code and opencode so far) solves one example task and fails another
+"""Each agent program (Claude Code, opencode, Codex CLI, mini-swe-agent) solves one example task and fails another
 through `slimeish train`: the harness rollout runs the program unmodified as `--agent-command` in
 each task's sandbox, against the scripted stand-in engine (tests/scripted_engine.py) as
 `--engine-url`, which runs the task's reference fix (`bash solution/solve.sh`) through the
@@ -23,10 +23,10 @@ from slimeish.rollout_functions.harness.rollout import OUTCOME
 from slimeish.train.metrics import read_metrics
 from tests.harness.conftest import EXAMPLE_TASKS
 from tests.harness.test_harness_train import stored_samples
-from tests.programs.conftest import Invocation, claude_code, opencode, turns_of
+from tests.programs.conftest import Invocation, claude_code, codex, mini_swe_agent, opencode, turns_of
 from tests.programs.test_tool_episodes import assert_one_segment
 from tests.router.test_openai_sdk import assert_exact_capture
-from tests.scripted_engine import Policy, Prompt, ScriptedEngine, ShellScript, side_reply
+from tests.scripted_engine import Policy, Prompt, ScriptedEngine, ShellScript, code_mode_arguments, side_reply
 from tests.stand_in import serve_app
 from tests.train import conftest as train_fixtures
 
@@ -79,9 +79,18 @@ class Program:
     policy: Callable[[list[str]], ShellScript]
 
 
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent ends on this command's output
+
 PROGRAMS = {
     "claude-code": Program(claude_code, ("--allowedTools", "Bash"), lambda run: ShellScript("Bash", run)),
     "opencode": Program(opencode, (), lambda run: ShellScript("bash", run)),
+    # its shell is a nested tool of its code-mode `exec` (test_tool_episodes.py); no sandbox of its own
+    "codex": Program(
+        codex,
+        ("--dangerously-bypass-approvals-and-sandbox",),
+        lambda run: ShellScript("functions__exec", run, arguments=code_mode_arguments),
+    ),
+    "mini-swe-agent": Program(mini_swe_agent, (), lambda run: ShellScript("bash", [*run, SUBMIT])),
 }
 
 
@@ -106,6 +115,9 @@ def test_program_solves_one_task_and_fails_another_through_train(name, long_cont
     argv += ["--agent-command", command, "--n-samples-per-prompt", "1", "--sandbox-bwrap", "off"]
     # the programs start slowly on a loaded machine: five times each task's 60 s
     argv += ["--agent-timeout-multiplier", "5", "--rollout-timeout", "420", "--weight-sync", "disk"]
+    # a turn's token limit for programs that ask for none (Codex, mini-swe-agent): the default 64 cuts
+    # a scripted call short (finish_reason length), which Codex exits 1 on
+    argv += ["--rollout-max-response-len", "1024"]
     log = tmp_path / "run.log"
     with (
         serve_app(engine.app(), startup_timeout=30) as url,
@@ -118,10 +130,14 @@ def test_program_solves_one_task_and_fails_another_through_train(name, long_cont
     assert engine.weight_version == 1  # the trained weights reached the stand-in
     samples = stored_samples(valkey.url, run_dir.name)
     rewards = {s.metadata[OUTCOME]["task"]: s.reward for s in samples}
-    assert rewards == {SOLVED: 1.0, FAILED: 0.0}, [s.metadata[OUTCOME] for s in samples]
+    outcomes = [{k: s.metadata[OUTCOME][k] for k in ("task", "kind", "reason", "agent_output")} for s in samples]
+    assert rewards == {SOLVED: 1.0, FAILED: 0.0}, outcomes
     calls = engine.calls  # streamed or not, each reply recorded whole
     for sample in samples:
         own = [calls[i] for i in turns_of(sample, calls)]
         assert own, "a stored sample no engine call produced"
         assert_exact_capture(sample, own, None)
-    assert_one_segment(samples, calls)
+    for task in (SOLVED, FAILED):  # each episode's own calls: its last may be the tool call it ends on (mini-swe-agent)
+        line = instruction_line(tasks / task)
+        own = [c for c in calls if line in engine.tokenizer.decode(c[0]["input_ids"])]
+        assert_one_segment([s for s in samples if s.metadata[OUTCOME]["task"] == task], own)
