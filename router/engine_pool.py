@@ -300,9 +300,9 @@ class EnginePool:
         that answers any other call (an adapter unload while requests use it) with a 4xx is alive
         and serving what it served: it is reported, not ejected."""
         is_update = path in UPDATE_PATHS
-        unloads = update_target(path, body or {}) if path == "/unload_lora_adapter" else None
+        unloaded = update_target(path, body or {}) if path == "/unload_lora_adapter" else None
         # an unload changes what a catch-up replays, as an update does: neither interleaves with one
-        async with self._updating if is_update or unloads else contextlib.nullcontext():
+        async with self._updating if is_update or unloaded else contextlib.nullcontext():
             engines = list(self.engines.values())
             up = [e for e in engines if e.healthy]
             results = {e.url: {"url": e.url, "ok": False, "skipped": "unhealthy"} for e in engines if not e.healthy}
@@ -311,12 +311,14 @@ class EnginePool:
                     result["skipped"] = f"failed {path}"
                     if is_update or not 400 <= result.get("status_code", 500) < 500:
                         self._eject(engine, f"{path}: {result.get('error') or result.get('status_code')}")
+                elif unloaded:
+                    engine.adapter_versions.pop(unloaded, None)
                 results[engine.url] = result
             ordered = [results[e.url] for e in engines]
             if is_update and not refused_by_all(ordered):
                 await self._record_update(path, body or {}, up)
-            elif unloads and took(ordered):
-                self.updates.pop(unloads, None)  # no engine that comes back gets it again
+            elif unloaded and took(ordered):
+                self.updates.pop(unloaded, None)  # no engine that comes back gets it again
         return ordered
 
     async def _record_update(self, path: str, body: JSONObject, up: list[Engine]) -> None:
@@ -362,17 +364,24 @@ class EnginePool:
         are trusted."""
         up = [e for e in self.engines.values() if e.healthy]
         if not any(adapter in e.adapter_versions for e in up):
-            for engine in up:
-                with contextlib.suppress(*HTTP_ERRORS):
-                    await self._check_version(engine)
+            # only engines that can say (SGLang lists none), all at once: a slow one must not add
+            # its check timeout to every session's opening
+            askable = [e for e in up if e.lists_adapters or not e.version_checked]
+            await asyncio.gather(*(self._read_versions(e) for e in askable))
         loaded = sorted({name for e in up for name in e.adapter_versions})
         return adapter in loaded or not any(e.lists_adapters for e in up), loaded
+
+    async def _read_versions(self, engine: Engine) -> None:
+        with contextlib.suppress(*HTTP_ERRORS):  # unreachable: the health check ejects it
+            await self._check_version(engine)
 
     async def forget(self, adapter: str) -> None:
         """Forget LoRA `adapter`'s last load (it was unloaded from the engines): no engine that
         comes back is given it again. Never while a fan-out or a catch-up runs."""
         async with self._updating:
             self.updates.pop(adapter, None)
+            for engine in self.engines.values():
+                engine.adapter_versions.pop(adapter, None)
 
     async def _post(self, engine: Engine, path: str, body: JSONObject | None) -> JSONObject:
         try:

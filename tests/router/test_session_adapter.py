@@ -1,5 +1,6 @@
 """A session bound to a LoRA adapter (`lora_path` in POST /sessions) is checked when it is opened:
-an adapter no engine serves is a 400 naming the loaded ones, not a failure at the first turn.
+an adapter no engine serves (never loaded, or unloaded) is a 400 naming the loaded ones, not a
+failure at the first turn.
 The engine is real, its adapter a real PEFT directory."""
 
 from __future__ import annotations
@@ -31,3 +32,9 @@ def test_a_session_naming_an_adapter_no_engine_serves_is_refused_when_opened(
     assert open_session("policy").status_code == 200
     other = open_session("other")
     assert other.status_code == 400 and "loaded: ['policy']" in other.json()["error"]["message"]
+
+    # the run is over: its adapter unloaded through the router, a new session naming it is refused
+    unload = httpx.post(router.url + "/admin/unload_lora_adapter", json={"lora_name": "policy"}, headers=router.admin)
+    assert unload.status_code == 200 and unload.json()["ok"], unload.text
+    after = open_session("policy")
+    assert after.status_code == 400 and "loaded: []" in after.json()["error"]["message"], after.text
