@@ -103,6 +103,8 @@ def split_reason(previous: list[Canonical], reply: Canonical, new: list[Canonica
     if reply in rest:  # the conversation goes on after the last reply, with earlier messages changed
         kept = all(m in seen[i:] for m in rest[: rest.index(reply)])
         return HISTORY_TRUNCATED if kept else HISTORY_EDITED
-    if i == len(previous):  # e.g. mini-swe-agent answers a reply it cannot parse with only its error
-        return REPLY_DROPPED
-    return NEW_CONVERSATION if i <= _first_content_index(seen) else HISTORY_EDITED
+    if i <= _first_content_index(seen):  # a sub-agent or a new task: it differs from the start
+        return NEW_CONVERSATION
+    # the history kept up to the reply, which is left out: e.g. mini-swe-agent answers a reply it
+    # cannot parse with only its error
+    return REPLY_DROPPED if i == len(previous) else HISTORY_EDITED

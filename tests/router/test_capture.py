@@ -113,6 +113,12 @@ def test_split_reasons(renderer, edit, reason):
     assert next_turn(cap, edit(hist)) == (1, reason)
 
 
+def test_a_conversation_after_a_system_only_turn_is_new_not_a_dropped_reply(renderer):
+    cap = Capture(renderer)
+    sample(cap, [SYSTEM], None)
+    assert next_turn(cap, [SYSTEM, USER]) == (1, H.NEW_CONVERSATION)
+
+
 def test_tools_changed(renderer):
     cap, hist = episode(renderer)
     assert next_turn(cap, [*hist, {"role": "user", "content": "x"}], TOOLS) == (1, H.TOOLS_CHANGED)
