@@ -35,7 +35,7 @@ def test_claude_code_print(harness, tmp_path):
     # run as `error_during_execution` (exit 1, "Execution error"): the program's answer to a model
     # that said nothing (about 1 run in 100 here), not a refused request
     replies = [a["text"] for _, a in engine_calls(harness.router.engine_log[start:])]
-    gave_up = replies[-2:] == ["", ""] and r.stdout.strip() == "Execution error"
+    gave_up = replies.count("") >= 2 and r.stdout.strip() == "Execution error"  # a side call may come last
     assert r.returncode == 0 or gave_up, (r.stdout + r.stderr)[-3000:] + f"\nreplies: {replies}"
     assert "/messages" in posts
     harness.check_episode(session, start, seen)
