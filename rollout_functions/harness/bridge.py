@@ -83,8 +83,10 @@ class RouterBridge:
         self._connections: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> RouterBridge:
+        # the router's name first (the first match wins), then the host's own entries (its hostname)
+        host = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "::1 localhost\n"
+        self.hosts_file.write_text(f"127.0.0.1 localhost {self.target[0]}\n{host}")
         self._server = await asyncio.start_unix_server(self._accept, path=str(self.dir / SOCKET_NAME))
-        self.hosts_file.write_text(f"127.0.0.1 localhost {self.target[0]}\n::1 localhost\n")
         os.chmod(self.dir, 0o755)
         return self
 

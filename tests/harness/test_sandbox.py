@@ -223,7 +223,9 @@ async def test_a_router_on_a_low_port_or_https_is_reached_inside_by_a_port_and_n
         inside = bridge.inside_env({"A": "https://router.internal/v1", "B": "http://router.internal:443/v1"})
         assert inside == {"A": "https://router.internal:10443/v1", "B": "http://127.0.0.1:10443/v1"}
         assert bridge.inside_argv()[-3] == "10443"  # the inside end's port
-        assert "127.0.0.1 localhost router.internal" in bridge.hosts_file.read_text()
+        hosts = bridge.hosts_file.read_text()
+        assert hosts.startswith("127.0.0.1 localhost router.internal\n")
+        assert hosts.endswith(Path("/etc/hosts").read_text())  # the host's own names (its hostname) kept
         argv = bwrap_argv(Path("/tmp/box"), Path("/tmp"), internet=False, bridge=bridge)
         at = argv.index(str(bridge.hosts_file))
         assert argv[at - 1 : at + 2] == ["--ro-bind", str(bridge.hosts_file), "/etc/hosts"]
