@@ -84,8 +84,7 @@ def _check_status(engine: Engine, status: int, content: bytes) -> None:
     text = content.decode(errors="replace")
     if status >= 500:
         raise EngineError(502, f"engine {engine.url} answered HTTP {status}: {text[:300]}")
-    if status >= 400:
-        raise EngineRejected(f"engine rejected the request: {text[:500]}")
+    raise EngineRejected(f"engine rejected the request: {text[:500]}")
 
 
 class EngineFailedMidStream(RuntimeError):

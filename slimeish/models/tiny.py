@@ -321,8 +321,11 @@ def _deepseek_v3(cfg: TinyModelConfig) -> dict[str, Any]:
     expert, the first layer dense. YaRN off (its rope_scaling is for contexts past 4k) and no MTP
     layer (next-token prediction only)."""
     k, groups = cfg.experts_per_token, 2
-    if k % 2 or cfg.num_experts % groups or k // 2 > groups:
-        raise ValueError("deepseek_v3: --experts-per-token must be even and at most --num-experts / 2 x 2")
+    if k not in (2, 4) or cfg.num_experts % groups or cfg.num_experts // groups < 2:
+        raise ValueError(
+            "deepseek_v3: --experts-per-token must be 2 or 4 (2 in each chosen one of the 2 expert groups) and "
+            "--num-experts even and at least 4 (a group's score sums its best 2 experts)"
+        )
     rope = cfg.hidden_size // cfg.num_heads // 2
     return {
         "n_routed_experts": cfg.num_experts,
