@@ -57,15 +57,9 @@ def die_with_parent() -> None:
 # `guarded_shell`'s script: $1 is the command line, $2 the pid of the process starting it. Armed
 # first (SIGTERM, which `die_with_parent` sends when that process dies, kills the whole group),
 # then checked that $2 is still its parent (it may have died before the signal was armed), and only
-# then is the command started, in the background so that the trap runs while it does. A watcher in
-# the group (its output away from the command's pipes) kills the group once $2 is gone: Ray, when
-# it force-kills a worker, SIGKILLs the worker's own children first, this guard among them, and
-# no trap runs then. fd 3 carries stdin past sh's /dev/null for background jobs.
-_GUARDED = (
-    'trap "kill -KILL 0" TERM; [ "$PPID" = "$2" ] || exit 137; '
-    '(while kill -0 "$2" 2>/dev/null; do sleep 1; done; kill -KILL 0) </dev/null >/dev/null 2>&1 & '
-    'exec 3<&0; sh -c "$1" 0<&3 3<&- & wait $!'
-)
+# then is the command started, in the background so that the trap runs while it does. fd 3 carries
+# stdin past sh's /dev/null for background jobs.
+_GUARDED = 'trap "kill -KILL 0" TERM; [ "$PPID" = "$2" ] || exit 137; exec 3<&0; sh -c "$1" 0<&3 3<&- & wait $!'
 
 
 def guarded_shell(command: str) -> list[str]:

@@ -113,28 +113,6 @@ def test_the_commands_of_a_runner_that_dies_die_with_it(tmp_path):
         runner.wait()
 
 
-def test_the_commands_of_a_runner_force_killed_as_ray_does_die_with_it(tmp_path):
-    """Ray force-kills a worker by SIGKILLing its children first (the guard, whose trap then never
-    runs), then the worker: the command's group still goes."""
-    pid_file = tmp_path / "pid"
-    code = (
-        "import asyncio; from slimeish.rollout_functions.agent_command import run_command; "
-        f"asyncio.run(run_command({TREE.format(pid_file=pid_file)!r}, {{}}))"
-    )
-    runner = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        child = noted_pid(pid_file)
-        for task in Path(f"/proc/{runner.pid}/task").iterdir():  # the guard: the runner's own child
-            for guard in (task / "children").read_text().split():
-                os.kill(int(guard), signal.SIGKILL)
-        os.kill(runner.pid, signal.SIGKILL)
-        runner.wait()
-        assert gone(child), "the command's child outlived its guard and runner, both killed"
-    finally:
-        runner.kill()
-        runner.wait()
-
-
 @pytest.mark.parametrize(
     "flags, error",
     [({"agent_resources": {"agents": "x"}}, "--agent-resources: 'agents' must be a number >= 0, got 'x'"),
