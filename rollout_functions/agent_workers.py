@@ -30,9 +30,10 @@ from slimeish.rollout_functions.sessions import EpisodeLost
 T = TypeVar("T")
 
 # A cancelled task first gets KeyboardInterrupt, so that it cancels its coroutine (which kills the
-# command's process group: a force-kill of the worker would leave that group running); a task
-# still running after this long is force-killed.
-CANCEL_GRACE_S = 5.0
+# command's process group); a task still running after this long is force-killed. Generous: Ray
+# SIGKILLs a force-killed worker's children first, the command's guard among them, so its group
+# would outlive it (a loaded machine's fresh-clone suite saw a graceful cancel take over 5 s).
+CANCEL_GRACE_S = 30.0
 POLL_S = 0.2  # how often a task's loop wakes up to notice a cancellation
 
 
