@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 
 ON_AGENTS = {"agent_workers": "ray", "agent_num_cpus": 0.5, "agent_resources": {"agents": 1}}
 ON_AGENTS |= {"agent_runtime_env": {}, "ray_address": None}
+# not make_args' 5 s: on a loaded machine a fresh Ray worker alone can take that long to start the
+# episode (stop 33's fresh-clone suite timed out the OpenAI agent's two tasks); the timeout test sets its own
+ON_AGENTS |= {"rollout_timeout": 60.0}
 
 
 class _Source:
