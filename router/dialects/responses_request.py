@@ -28,11 +28,9 @@ class MessageItem(_Item):
     content: str | list[TextPart]
 
 
-class FunctionCallItem(_Item):
-    type: Literal["function_call"]
+class _CallItem(_Item):
     call_id: str
     name: str
-    arguments: str
     namespace: str | None = None
 
     def tool_name(self) -> str:
@@ -40,17 +38,16 @@ class FunctionCallItem(_Item):
         return self.name if self.namespace is None else flat_name(self.namespace, self.name)
 
 
-class CustomToolCallItem(_Item):
+class FunctionCallItem(_CallItem):
+    type: Literal["function_call"]
+    arguments: str
+
+
+class CustomToolCallItem(_CallItem):
     """A call to a freeform tool: the model saw it as a function of one string (`CUSTOM_INPUT`)."""
 
     type: Literal["custom_tool_call"]
-    call_id: str
-    name: str
     input: str
-    namespace: str | None = None
-
-    def tool_name(self) -> str:
-        return self.name if self.namespace is None else flat_name(self.namespace, self.name)
 
 
 class FunctionCallOutputItem(_Item):
