@@ -65,6 +65,9 @@ class TrainerRank:
     def serves(self, version: int) -> bool:
         return self.sync.serves(version)
 
+    def unload_adapter(self) -> None:
+        self.sync.unload_adapter()
+
     def save(self, out_dir: Path, data_state: dict[str, Any] | None) -> Path:
         return self.trainer.save(out_dir, data_state=data_state)
 
@@ -186,6 +189,9 @@ class TrainerRanks:
     def serves(self, version: int) -> bool:
         return ray.get(self.ranks[0].serves.remote(version))
 
+    def unload_adapter(self) -> None:
+        ray.get(self.ranks[0].unload_adapter.remote())
+
 
 class RanksSync:
     """The loop's weight sync when the trainer is `TrainerRanks`: it runs inside the ranks."""
@@ -198,3 +204,6 @@ class RanksSync:
 
     def serves(self, version: int) -> bool:
         return self.ranks.serves(version)
+
+    def unload_adapter(self) -> None:
+        self.ranks.unload_adapter()

@@ -67,7 +67,9 @@ class LoraServing:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.adapters: dict[str, LoraAdapter] = {}
+        self.adapters: dict[str, LoraAdapter] = {}  # the ones a new request may name
+        # unloaded, but still used by requests that named them before: dropped once they finish
+        self._retiring: dict[str, LoraAdapter] = {}
         # each adapter's weight version: its own, as several runs' adapters share the engine
         self.versions: dict[str, int] = {}
         self._hooked: set[str] = set()
@@ -89,10 +91,16 @@ class LoraServing:
         self.versions[adapter.name] = self.versions.get(adapter.name, -1) + 1 if version is None else version
         return self.versions[adapter.name]
 
-    def unload(self, name: str) -> None:
-        if self.adapters.pop(name, None) is None:
+    def retire(self, name: str) -> None:
+        """The first half of an unload: no new request may name `name`; the requests already
+        generating with it go on with it until `drop`."""
+        if (adapter := self.adapters.pop(name, None)) is None:
             raise ValueError(f"no LoRA adapter named {name!r} is loaded; loaded: {sorted(self.adapters)}")
-        del self.versions[name]
+        self._retiring[name] = adapter
+
+    def drop(self, name: str) -> None:
+        """The second half: once no request uses the retired adapter `name`, forget it."""
+        del self._retiring[name], self.versions[name]
 
     @contextmanager
     def rows(self, adapters: list[str | None]) -> Iterator[None]:
@@ -110,12 +118,13 @@ class LoraServing:
             x = args[0]
             for name in set(self._rows) - {None}:
                 assert name is not None
-                pair = self.adapters[name].modules.get(module)
+                adapter = self.adapters.get(name) or self._retiring[name]
+                pair = adapter.modules.get(module)
                 if pair is None:
                     continue
                 a, b = pair
                 idx = torch.tensor([i for i, r in enumerate(self._rows) if r == name], device=x.device)
-                out = out.index_add(0, idx, (x.index_select(0, idx) @ a.t()) @ b.t(), alpha=self.adapters[name].scale)
+                out = out.index_add(0, idx, (x.index_select(0, idx) @ a.t()) @ b.t(), alpha=adapter.scale)
             return out
 
         return add_lora

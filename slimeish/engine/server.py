@@ -360,12 +360,14 @@ def _add_lora_routes(app: FastAPI, engine: Engine) -> None:
         if not isinstance(name, str):
             raise RequestError('give {"lora_name": "<name>"}')
         async with in_order:  # after the loads that arrived before it
-            if n := engine.scheduler.uses_adapter(name):
-                return reply(False, f"LoRA adapter {name!r} is in use by {n} requests; unload it once they finish")
             try:
-                lora.unload(name)
+                lora.retire(name)
             except ValueError as e:
                 return reply(False, str(e))
+            # As SGLang does: new requests for it are refused now, the ones using it finish with it.
+            while engine.scheduler.uses_adapter(name):
+                await asyncio.sleep(_UNLOAD_POLL_S)
+            lora.drop(name)
             return reply(True)
 
 
@@ -405,6 +407,7 @@ def _request_version(value: object) -> int | None:
 
 
 KEEP_ALIVE_S = 75
+_UNLOAD_POLL_S = 0.05  # an unload checks this often whether the requests using its adapter are done
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,6 +50,7 @@ class SyncHandle(Protocol):
 
     def sync(self, trainer: Any) -> dict[str, float]: ...
     def serves(self, version: int) -> bool: ...
+    def unload_adapter(self) -> None: ...
 
 
 @dataclass
@@ -110,6 +111,8 @@ async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncI
                     rollout.stopping.set()
                     await producer.stop()
                     logger.plot_rewards()
+            if setup.trainer.lora_rank:  # the run ended well: its adapter leaves the engines it may share
+                await unload_adapter(sync, setup.trainer.lora_name)
 
 
 @contextlib.asynccontextmanager
@@ -139,6 +142,15 @@ async def trainer_and_sync(
     trainer = await asyncio.to_thread(Trainer, setup.trainer, setup.loss, hook_args)
     with WeightSync(config) as sync:
         yield trainer, sync
+
+
+async def unload_adapter(sync: SyncHandle, name: str) -> None:
+    """Unload a finished LoRA run's adapter; a failure is only logged: the run itself is done and saved."""
+    try:
+        await asyncio.to_thread(sync.unload_adapter)
+    except Exception as e:  # any failure (HTTP, Ray) leaves only an adapter loaded
+        log.warning("LoRA adapter %r is still loaded on the engines (%r); unload it with POST "
+                    "/unload_lora_adapter {\"lora_name\": %r}", name, e, name)  # fmt: skip
 
 
 def async_window(setup: TrainSetup) -> int:

@@ -199,10 +199,24 @@ class WeightSync:
         endpoint = "load_lora_adapter" if "lora_path" in payload else f"update_weights_from_{self.config.method}"
         replies = self._call(endpoint, payload)
         _check_versions(replies, version)
-        for router in self.config.record_router_urls:  # before generation continues: all routers agree
+        self._record(endpoint, payload)  # before generation continues: all routers agree
+
+    def unload_adapter(self) -> None:
+        """A LoRA run's end: its adapter leaves the engines it shares with other runs (SGLang's
+        /unload_lora_adapter: the requests still using it finish with it), and every router of the
+        run forgets it, so none loads it into an engine that comes back."""
+        if global_rank() != 0:
+            return
+        body = {"lora_name": self.config.lora_name}
+        self._call("unload_lora_adapter", body)
+        self._record("unload_lora_adapter", body)
+
+    def _record(self, endpoint: str, body: dict[str, Any]) -> None:
+        """Tell the run's other routers what the first one fanned out (`/admin/record_update`)."""
+        for router in self.config.record_router_urls:
             url = f"{router.rstrip('/')}/admin/record_update"
             try:
-                r = self._post(url, {"path": f"/{endpoint}", "body": payload})
+                r = self._post(url, {"path": f"/{endpoint}", "body": body})
             except httpx.TransportError as e:
                 raise WeightSyncError(f"{url}: no answer for {self.config.retry_s:g} s: {e!r}") from e
             if r.status_code != 200:

@@ -4,22 +4,29 @@ are the trainer's."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from slimeish.train.setup import parse_args
+from tests.router.conftest import start_engine
 from tests.train.test_train_e2e import metrics, run_train, train_argv
 
 pytestmark = pytest.mark.slow
 
 
 def test_three_lora_steps_through_the_router(tiny_model, prompts, valkey, tmp_path):
+    """On an engine the run does not own (one other runs may share), which it leaves as it found it."""
+    engine, url = start_engine(tiny_model, tmp_path)
     run_dir = tmp_path / "lora"
     argv = train_argv(
-        tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--lora-rank", "8",
+        tiny_model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--lora-rank", "8", "--engine-url", url,
         "--rollout-function-path", "slimeish.rollout_functions.openai_agent.generate_rollout",
         "--agent-function-path", "tests.train.reference_plugins.two_turn_chat_agent",
     )  # fmt: skip
-    run_train(argv, tmp_path / "lora.log")
+    with engine:
+        run_train(argv, tmp_path / "lora.log")
+        info = httpx.get(f"{url}/model_info").json()
+    assert info["lora_weight_versions"] == {}  # the finished run unloaded its adapter
     steps = [r for r in metrics(run_dir) if "train/loss" in r]
     assert [r["step"] for r in steps] == [0, 1, 2]
     for r in steps:

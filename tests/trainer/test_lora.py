@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -16,6 +17,7 @@ from slimeish.trainer.config import LORA_ADAPTER_NAME, LossConfig, TrainerConfig
 from slimeish.trainer.hf_io import megatron_params
 from slimeish.trainer.trainer import Trainer
 from slimeish.trainer.weight_sync import WeightSync, WeightSyncConfig
+from tests.engine.sglang_schema import parse_sse
 from tests.trainer.trainer_helpers import engine_samples, max_log_prob_gap, random_samples, router_samples
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 51, 52]]
@@ -163,6 +165,33 @@ def test_engine_adapter_endpoints(engine, lora_trainer, tmp_path):
         assert unloaded["success"] and "a" not in unloaded["loaded_adapters"]
         gone = client.post(f"{url}/unload_lora_adapter", json={"lora_name": "a"})
         assert gone.status_code == 400 and gone.json()["success"] is False
+
+
+async def test_an_unload_waits_for_the_requests_using_the_adapter(engine, lora_trainer, tmp_path):
+    """As SGLang's: an unload refuses new requests for the adapter at once and answers once the ones
+    already generating with it are done; they finish with it, none is aborted."""
+    adapter = lora_trainer.export_peft(tmp_path / "draining")
+    body = {"input_ids": PROMPTS[0], "lora_path": "draining", "stream": True,
+            "sampling_params": {"max_new_tokens": 64, "ignore_eos": True, "temperature": 1.0}}  # fmt: skip
+    async with httpx.AsyncClient(base_url=engine, timeout=120) as client:
+        load = {"lora_name": "draining", "lora_path": str(adapter)}
+        (await client.post("/load_lora_adapter", json=load)).raise_for_status()
+        async with client.stream("POST", "/generate", json=body) as stream:
+            lines = aiter(stream.aiter_lines())
+            first = await anext(lines)  # generating with the adapter now
+            (await client.post("/pause_generation", json={"mode": "in_place"})).raise_for_status()
+            unload = asyncio.create_task(client.post("/unload_lora_adapter", json={"lora_name": "draining"}))
+            await asyncio.sleep(0.5)
+            assert not unload.done()  # the request using the adapter is paused, not finished
+            (await client.post("/continue_generation")).raise_for_status()
+            rest = [line async for line in lines]
+        chunks = parse_sse([first, *rest])
+        unloaded = await unload
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 64}
+    assert unloaded.status_code == 200 and "draining" not in unloaded.json()["loaded_adapters"]
+    async with httpx.AsyncClient(base_url=engine, timeout=120) as client:
+        late = await client.post("/generate", json=body | {"stream": False})
+    assert late.status_code == 400 and "draining" in late.json()["error"]["message"]
 
 
 def test_a_lora_run_through_the_router_samples_with_its_adapter(tiny_model, engine, tmp_path):
