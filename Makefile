@@ -56,8 +56,9 @@ demo: $(STAMP)
 demo-lora: $(STAMP)
 	$(PY) -m examples.demo.run --run-dir runs/demo-lora --lora-rank 16 --lora-alpha 32 --lr 1e-2 --min-lr 1e-3
 
+# The slowest tests are listed at the end: the suite's wall time is what CI is limited by.
 test: lint typecheck agents
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The tier without end-to-end runs and GPU tests: a minute or two.
 test-fast: lint typecheck
