@@ -142,3 +142,20 @@ def split_global_batches(samples: Sequence[Sample], global_batch_size: int | Non
     if n % size:
         raise ValueError(f"{n} samples is not a multiple of global_batch_size={size}")
     return [list(range(k, k + size)) for k in range(0, n, size)]
+
+
+def idle_micro_batch() -> MicroBatch:
+    """One two-token row that trains nothing (loss mask 0): under expert parallel a rank with fewer
+    micro-batches than the others runs it, since every MoE forward and backward is a collective."""
+    zeros = torch.zeros(1, 1)
+    return MicroBatch(
+        indices=[],
+        input_ids=torch.zeros(1, 2, dtype=torch.long),
+        response_start=torch.zeros(1, dtype=torch.long),
+        response_lengths=torch.ones(1, dtype=torch.long),
+        loss_mask=zeros,
+        rollout_log_probs=zeros,
+        advantages=zeros,
+        has_rollout=torch.zeros(1, dtype=torch.bool),
+        teacher_log_probs=zeros,
+    )

@@ -25,6 +25,7 @@ class TrainerState:
     step: int = 0  # optimizer steps taken
     weight_version: int = 0  # version of the weights the engines should serve
     data_state: dict[str, Any] = field(default_factory=dict)  # the train loop's data position
+    expert_parallel: int = 1  # each rank's file holds 1 / expert_parallel of the routed experts
 
 
 def save_checkpoint(out_dir: Path, *, model: torch.nn.Module, optimizer: Any, state: TrainerState) -> Path:
@@ -48,13 +49,21 @@ def save_checkpoint(out_dir: Path, *, model: torch.nn.Module, optimizer: Any, st
     return out_dir
 
 
-def load_checkpoint(ckpt_dir: Path, *, model: torch.nn.Module, optimizer: Any) -> TrainerState:
+def load_checkpoint(
+    ckpt_dir: Path, *, model: torch.nn.Module, optimizer: Any, expert_parallel: int = 1
+) -> TrainerState:
     ckpt_dir, rank = Path(ckpt_dir), global_rank()
     if not (ckpt_dir / STATE_FILE).exists():
         raise ValueError(f"{ckpt_dir} is not a trainer checkpoint (no {STATE_FILE})")
+    state = TrainerState(**json.loads((ckpt_dir / STATE_FILE).read_text()))
+    if state.expert_parallel != expert_parallel:
+        raise ValueError(
+            f"{ckpt_dir} was saved with --expert-model-parallel-size {state.expert_parallel}; resume it with the "
+            f"same (this run has {expert_parallel}), or export it to HF (export_hf) and start from that"
+        )
     model.load_state_dict(torch.load(ckpt_dir / f"model_rank{rank:03d}.pt", weights_only=False))
     optimizer.load_state_dict(torch.load(ckpt_dir / f"optimizer_rank{rank:03d}.pt", weights_only=False))
-    return TrainerState(**json.loads((ckpt_dir / STATE_FILE).read_text()))
+    return state
 
 
 def _barrier() -> None:

@@ -206,6 +206,11 @@ class TrainerConfig:
     )
     dtype: Literal["float32", "bfloat16"] = help_field("float32", help="parameter dtype (bfloat16 on GPU only)")
     tensor_parallel: int = help_field(1, help="Megatron tensor-parallel size (GPU)")
+    expert_model_parallel_size: int = help_field(
+        1,
+        help="slime's expert parallel: MoE models only; each of this many ranks holds num_experts / N routed "
+        "experts (N must divide them) and the ranks' tokens are dispatched to them (CPU: gloo ranks)",
+    )
     lr: float = help_field(1e-6, help="peak learning rate")
     min_lr: float = help_field(0.0, help="learning rate at the end of the decay")
     lr_warmup_steps: int = help_field(0, help="linear warm-up steps from 0 to --lr")
@@ -265,6 +270,8 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         self.model_path = Path(self.model_path)
+        if self.expert_model_parallel_size < 1:
+            raise ValueError("expert_model_parallel_size must be >= 1")
         if self.micro_batch_tokens <= 0:
             raise ValueError("micro_batch_tokens must be > 0")
         if self.global_batch_size is not None and self.global_batch_size <= 0:

@@ -14,7 +14,9 @@ import torch.distributed as dist
 from slimeish.common.procs import free_port
 
 
-def init_distributed(*, use_gpu: bool, tensor_parallel: int = 1, pipeline_parallel: int = 1, seed: int = 0) -> None:
+def init_distributed(
+    *, use_gpu: bool, tensor_parallel: int = 1, pipeline_parallel: int = 1, expert_parallel: int = 1, seed: int = 0
+) -> None:
     """Join (or create) the default process group and initialise Megatron's model-parallel groups.
 
     Under `torchrun` the usual RANK / WORLD_SIZE / MASTER_ADDR variables are used; otherwise the
@@ -32,14 +34,23 @@ def init_distributed(*, use_gpu: bool, tensor_parallel: int = 1, pipeline_parall
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
-        tp, pp = (
+        sizes = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
         )
-        if (tp, pp) != (tensor_parallel, pipeline_parallel):
-            raise ValueError(f"Megatron already initialised with tp={tp} pp={pp} in this process")
+        if sizes != (tensor_parallel, pipeline_parallel, expert_parallel):
+            raise ValueError(f"Megatron already initialised with tp, pp, ep = {sizes} in this process")
     else:
-        parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
+        world = dist.get_world_size()
+        if world % (tensor_parallel * pipeline_parallel * expert_parallel):
+            raise ValueError(
+                f"--expert-model-parallel-size {expert_parallel}: the {world} ranks do not split into groups of "
+                f"tensor x pipeline x expert parallel = {tensor_parallel * pipeline_parallel * expert_parallel}"
+            )
+        parallel_state.initialize_model_parallel(
+            tensor_parallel, pipeline_parallel, expert_model_parallel_size=expert_parallel
+        )
     torch.manual_seed(seed)
     if use_gpu:
         # Megatron's tracker forks distinct RNG streams for tensor-parallel regions (dropout, init).
@@ -52,14 +63,16 @@ def data_parallel_rank_and_size() -> tuple[int, int]:
     return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
 
 
-def all_reduce_data_parallel(tensors: list[torch.Tensor]) -> None:
-    """Sum `tensors` in place over the data-parallel group (one flat all-reduce; a no-op alone)."""
+def all_reduce_data_parallel(tensors: list[torch.Tensor], *, experts: bool = False) -> None:
+    """Sum `tensors` in place over the data-parallel group (one flat all-reduce; a no-op alone).
+    `experts`: over the expert-data-parallel group, the ranks that hold the same experts under EP > 1."""
     from megatron.core import parallel_state
 
-    if not tensors or parallel_state.get_data_parallel_world_size() == 1:
+    group = parallel_state.get_expert_data_parallel_group() if experts else parallel_state.get_data_parallel_group()
+    if not tensors or dist.get_world_size(group) == 1:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=parallel_state.get_data_parallel_group())
+    dist.all_reduce(flat, group=group)
     for t, reduced in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
         t.copy_(reduced.view_as(t))
 

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from slimeish.trainer.convert import gather_shards, megatron_to_hf, shard_for_rank
+from slimeish.trainer.expert_parallel import gather_experts, global_names, held_elsewhere
 from slimeish.trainer.lora import is_lora_param, with_merged_adapters
 from slimeish.trainer.model import ModelShape
 
@@ -42,21 +43,23 @@ def megatron_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_megatron_into(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Copy already converted (full, Megatron-named) weights into `model`, this rank's shard of each."""
+    """Copy already converted (full, Megatron-named) weights into `model`, this rank's shard of each
+    (under expert parallel, its own experts)."""
     rank, world = _tp_rank_and_size()
     own = megatron_params(model)
-    if set(full) != set(own):
-        raise ValueError(
-            f"weight names differ: missing {sorted(set(own) - set(full))}, extra {sorted(set(full) - set(own))}"
-        )
+    names = global_names(model, list(own))
+    missing = sorted(set(names.values()) - set(full))
+    extra = sorted(n for n in set(full) - set(names.values()) if not held_elsewhere(n, model))
+    if missing or extra:
+        raise ValueError(f"weight names differ: missing {missing}, extra {extra}")
     with torch.no_grad():
         for name, param in own.items():
-            param.copy_(shard_for_rank(name, full[name], rank, world))
+            param.copy_(shard_for_rank(name, full[names[name]], rank, world))
 
 
 def gather_hf_state_dict(model: torch.nn.Module, shape: ModelShape) -> dict[str, torch.Tensor]:
-    """Full HF-named weights on CPU, gathered over the tensor-parallel group when TP > 1; LoRA
-    adapters, if any, merged into their base weights."""
+    """Full HF-named weights on CPU, gathered over the tensor-parallel group when TP > 1 and the
+    experts over the expert-parallel group when EP > 1; LoRA adapters, if any, merged into their base weights."""
     _, world = _tp_rank_and_size()
     own = with_merged_adapters(megatron_params(model), model)
     if world > 1:
@@ -69,6 +72,7 @@ def gather_hf_state_dict(model: torch.nn.Module, shape: ModelShape) -> dict[str,
             torch.distributed.all_gather(pieces, t.contiguous(), group=group)
             full[name] = gather_shards(name, pieces)
         own = full
+    own = gather_experts(own, model)
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in megatron_to_hf(own, shape).items()}
 
 

@@ -189,7 +189,13 @@ def _mla_shape(hf_config) -> MLAShape:
 
 
 def transformer_config(
-    hf_config, *, params_dtype: torch.dtype, use_gpu: bool, tensor_parallel: int = 1, pipeline_parallel: int = 1
+    hf_config,
+    *,
+    params_dtype: torch.dtype,
+    use_gpu: bool,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    expert_parallel: int = 1,
 ) -> TransformerConfig:
     shape = model_shape(hf_config, tensor_parallel)
     if getattr(hf_config, "hidden_act", "silu") != "silu":
@@ -204,7 +210,7 @@ def transformer_config(
         (MLATransformerConfig, _mla_config(hf_config, shape, tensor_parallel)) if shape.mla else (TransformerConfig, {})
     )
     return config_class(
-        **_moe_config(hf_config, shape),
+        **_moe_config(hf_config, shape, expert_parallel),
         **mla,
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -236,15 +242,23 @@ def transformer_config(
     )
 
 
-def _moe_config(hf_config, shape: ModelShape) -> dict:
+def _moe_config(hf_config, shape: ModelShape, expert_parallel: int = 1) -> dict:
     """Megatron's MoE fields for a Qwen3-MoE or GLM-4.5 config (none for a dense model)."""
+    if expert_parallel > 1 and (not shape.num_experts or shape.num_experts % expert_parallel):
+        raise ValueError(
+            f"--expert-model-parallel-size {expert_parallel} must divide the routed experts "
+            f"({shape.num_experts} in this {shape.model_type} model)"
+            + ("" if shape.num_experts else ": expert parallel is for MoE models only")
+        )
     if not shape.num_experts:
         return {}
     common = dict(
         num_moe_experts=shape.num_experts,
         moe_router_topk=shape.experts_per_token,
         moe_ffn_hidden_size=shape.moe_ffn_hidden_size,
-        # alltoall creates a CUDA stream when built; at expert parallel 1 all-gather moves nothing.
+        expert_model_parallel_size=expert_parallel,
+        # alltoall creates a CUDA stream when built; all-gather moves nothing at expert parallel 1
+        # and, on CPU ranks, runs over gloo as `HostAllGatherTokenDispatcher` (expert_parallel.py).
         moe_token_dispatcher_type="allgather",
         moe_grouped_gemm=False,
     )
@@ -378,6 +392,7 @@ def build_gpt_model(
     use_gpu: bool = False,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    expert_parallel: int = 1,
 ) -> GPTModel:
     """An uninitialised GPTModel with the HF model's architecture (load weights with `convert`)."""
     config = transformer_config(
@@ -386,6 +401,7 @@ def build_gpt_model(
         use_gpu=use_gpu,
         tensor_parallel=tensor_parallel,
         pipeline_parallel=pipeline_parallel,
+        expert_parallel=expert_parallel,
     )
     shape = model_shape(hf_config, tensor_parallel)
     from megatron.core import parallel_state
@@ -410,6 +426,8 @@ def build_gpt_model(
         router.__class__ = HostTopKRouter  # instance-local, as the rotary embedding's
         if shape.expert_bias:
             _attach_expert_bias(router, shape.num_experts)
+    if expert_parallel > 1:
+        _mark_expert_parallel(model, use_gpu)
     return model.to(device)
 
 
@@ -417,6 +435,21 @@ def moe_routers(model: torch.nn.Module) -> list[TopKRouter]:
     """Each MoE layer's router, in layer order (dense layers have none)."""
     layers = model.decoder.layers  # type: ignore[union-attr]
     return [layer.mlp.router for layer in layers if hasattr(layer.mlp, "router")]  # type: ignore[union-attr]
+
+
+def _mark_expert_parallel(model: GPTModel, use_gpu: bool) -> None:
+    """Routed experts' weights are this rank's own: `allreduce = False` (Megatron's mark, which its
+    DDP and optimizer read) keeps their gradients off the data-parallel all-reduce. On CPU each MoE
+    layer dispatches tokens over gloo (`HostAllGatherTokenDispatcher`)."""
+    from slimeish.trainer.expert_parallel import HostAllGatherTokenDispatcher, is_expert_param
+
+    for name, param in model.named_parameters():
+        if is_expert_param(name):
+            param.allreduce = False
+    if not use_gpu:
+        for layer in model.decoder.layers:
+            if hasattr(layer.mlp, "token_dispatcher"):
+                layer.mlp.token_dispatcher.__class__ = HostAllGatherTokenDispatcher  # instance-local, as the router's
 
 
 def _attach_expert_bias(router: TopKRouter, num_experts: int) -> None:

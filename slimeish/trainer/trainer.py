@@ -25,7 +25,13 @@ from slimeish.trainer.advantages import (
     sample_member_ids,
     sample_rewards,
 )
-from slimeish.trainer.batching import MicroBatch, pack_micro_batches, split_global_batches, validate_samples
+from slimeish.trainer.batching import (
+    MicroBatch,
+    idle_micro_batch,
+    pack_micro_batches,
+    split_global_batches,
+    validate_samples,
+)
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.convert import hf_to_megatron
 from slimeish.trainer.distributed import (
@@ -34,6 +40,7 @@ from slimeish.trainer.distributed import (
     global_rank,
     init_distributed,
 )
+from slimeish.trainer.expert_parallel import align_micro_batch_count, expert_parallel_grad_norm
 from slimeish.trainer.forward import response_log_probs
 from slimeish.trainer.loss_hooks import (
     LossHooks,
@@ -65,7 +72,12 @@ class Trainer:
         self.use_gpu = config.use_gpu()
         if config.dtype == "bfloat16" and not self.use_gpu:
             raise ValueError("dtype=bfloat16 needs device=cuda")
-        init_distributed(use_gpu=self.use_gpu, tensor_parallel=config.tensor_parallel, seed=config.seed)
+        init_distributed(
+            use_gpu=self.use_gpu,
+            tensor_parallel=config.tensor_parallel,
+            expert_parallel=config.expert_model_parallel_size,
+            seed=config.seed,
+        )
         self.hooks = MegatronHooks.load(
             config.custom_megatron_init_path,
             config.custom_megatron_before_log_prob_hook_path,
@@ -104,7 +116,7 @@ class Trainer:
             self.optimizer = build_gpu_optimizer(self.model, config)
         else:
             self.optimizer = build_cpu_optimizer(self.model, config)
-        self.state = checkpoint.TrainerState()
+        self.state = checkpoint.TrainerState(expert_parallel=config.expert_model_parallel_size)
         path = self.loss_config.custom_advantage_function_path
         self._custom_advantages = load_advantage_function(path) if path else None
         path = self.loss_config.rollout_data_postprocess_path
@@ -113,7 +125,11 @@ class Trainer:
     def _build(self, weights: dict[str, Tensor]) -> torch.nn.Module:
         dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
         model = build_gpt_model(
-            self.hf_config, params_dtype=dtype, use_gpu=self.use_gpu, tensor_parallel=self.config.tensor_parallel
+            self.hf_config,
+            params_dtype=dtype,
+            use_gpu=self.use_gpu,
+            tensor_parallel=self.config.tensor_parallel,
+            expert_parallel=self.config.expert_model_parallel_size,
         )
         hf_io.load_megatron_into(model, weights)
         return model
@@ -206,6 +222,9 @@ class Trainer:
             self.hooks.before_train_step(self.args, self.weight_version, step_id, self.model, self.optimizer, None)
         sums: dict[str, float] = defaultdict(float)
         micro_batches = pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine])
+        if self.config.expert_model_parallel_size > 1:  # each MoE forward is a collective: pair them up
+            count = align_micro_batch_count(len(micro_batches), self.device)
+            micro_batches += [idle_micro_batch()] * (count - len(micro_batches))
         if self.shape.num_experts:
             start_moe_step(max(len(micro_batches), 1), world, self.device)
         for mb in micro_batches:
@@ -347,19 +366,28 @@ class Trainer:
         if data_parallel_rank_and_size()[1] > 1:
             self._sum_gradients_over_ranks()
         params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.clip_grad or float("inf"))
+        max_norm = self.config.clip_grad or float("inf")
+        if self.config.expert_model_parallel_size > 1:
+            grad_norm = expert_parallel_grad_norm(params)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
         return grad_norm.item()
 
     def _sum_gradients_over_ranks(self) -> None:
         """No DDP on CPU: each rank's loss is its share of the global batch's, so the summed
         gradients are the whole batch's, and every rank takes the same step. A rank whose stripe
-        was empty (fewer samples than ranks) has no gradients yet: it adds zeros."""
+        was empty (fewer samples than ranks) has no gradients yet: it adds zeros. Under expert
+        parallel a routed expert's gradient already holds every rank's tokens (the dispatcher
+        brought them): it is summed only over the ranks holding the same experts."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        all_reduce_data_parallel([p.grad for p in params if p.grad is not None])
+        for experts in (False, True):
+            grads = [p.grad for p in params if p.grad is not None and getattr(p, "allreduce", True) != experts]
+            all_reduce_data_parallel(grads, experts=experts)
 
     # ---- weights and checkpoints -----------------------------------------------------------
 
@@ -393,7 +421,12 @@ class Trainer:
 
     def load(self, ckpt_dir: str | Path) -> dict[str, Any]:
         """Restore model, optimizer and counters; returns the saved data position."""
-        self.state = checkpoint.load_checkpoint(Path(ckpt_dir), model=self.model, optimizer=self.optimizer)
+        self.state = checkpoint.load_checkpoint(
+            Path(ckpt_dir),
+            model=self.model,
+            optimizer=self.optimizer,
+            expert_parallel=self.config.expert_model_parallel_size,
+        )
         return self.state.data_state
 
 
