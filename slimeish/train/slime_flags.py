@@ -182,8 +182,7 @@ RULES: dict[str, Rule] = {
     "--ref-load": _noop(1, "the KL reference is the initial --hf-checkpoint (slime's --ref-load is that model)"),
     "--pipeline-model-parallel-size": _only("1", "no pipeline parallelism", PLACEMENT),
     "--context-parallel-size": _only("1", "no context parallelism", PLACEMENT),
-    "--expert-model-parallel-size": _only("1", "no expert parallelism", PLACEMENT),
-    "--expert-tensor-parallel-size": _only("1", "no expert parallelism", PLACEMENT),
+    "--expert-tensor-parallel-size": _only("1", "experts are not split by tensor parallelism", PLACEMENT),
     "--attention-dropout": _only("0", "no dropout", "slimeish trains without dropout"),
     "--hidden-dropout": _only("0", "no dropout", "slimeish trains without dropout"),
     **dict.fromkeys(
