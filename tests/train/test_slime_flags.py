@@ -25,7 +25,7 @@ SLIME_LAUNCH = """
 --dynamic-sampling-filter-path slimeish.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std
 --advantage-estimator gspo --use-kl-loss --kl-loss-coef 0.01 --kl-loss-type low_var_kl --entropy-coef 0.0
 --eps-clip 0.2 --eps-clip-high 0.28 --use-tis --tis-clip 2.5 --loss-type policy_loss --lr 1e-6
---lr-warmup-iters 2 --tensor-model-parallel-size 1 --max-tokens-per-gpu 2048 --use-dynamic-batch-size
+--lr-warmup-iters 2 --tensor-model-parallel-size 1 --expert-model-parallel-size 2 --max-tokens-per-gpu 2048 --use-dynamic-batch-size
 --eval-prompt-data aime {data} --n-samples-per-eval-prompt 2 --loss-mask-type qwen3
 """
 
@@ -40,6 +40,7 @@ def test_a_slime_launch_line_parses_into_the_setup(tmp_path):
     setup = parse_args(_launch(tmp_path))
     assert setup.trainer.model_path == tmp_path and setup.trainer.micro_batch_tokens == 2048
     assert setup.trainer.lr_warmup_steps == 2 and setup.trainer.global_batch_size == 8
+    assert setup.trainer.expert_model_parallel_size == 2  # slimeish's own flag
     assert (setup.data.input_key, setup.data.label_key, setup.data.metadata_key) == ("question", "answer", "extra")
     assert setup.data.apply_chat_template and setup.data.tokenizer_path == tmp_path
     assert setup.data.shuffle and setup.data.shuffle_seed == 7
