@@ -12,6 +12,8 @@ The caps count connections, not requests (uvicorn's `limit_concurrency` counts b
 503 to a request on an already open, kept-alive connection once idle sockets fill it): a
 connection opened beyond a cap is answered 503 `too_many_connections` with `Connection: close` to
 its first request, and closed; the connections already open are served as before.
+
+Each response of known length goes out in one write, head and body together (`HeadWithBody`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,47 @@ def _refusal(why: str) -> Any:
     return refuse
 
 
+class HeadWithBody:
+    """The transport as one request's response cycle sees it. uvicorn writes a response's head and
+    its body apart: two system calls per answer, and two deliveries the client wakes for, which on
+    loopback cost the router more CPU than anything else in a turn (docs/benchmarks.md). The head of
+    a response with a body of known length is held here and written with the body's first part;
+    every other write (a chunked stream's head, `100 Continue`, an error page) goes out as before."""
+
+    __slots__ = ("cycle", "first", "head", "transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: RequestResponseCycle) -> None:
+        self.transport, self.cycle = transport, cycle
+        self.head: bytes | None = None
+        self.first = True
+
+    def write(self, data: bytes) -> None:
+        first, self.first = self.first, False
+        cycle = self.cycle
+        if (
+            first
+            and cycle.response_started
+            and cycle.chunked_encoding is False
+            and cycle.expected_content_length
+            and cycle.scope["method"] != "HEAD"
+        ):
+            self.head = data  # the head: its body follows in the cycle's next write
+            return
+        if self.head is not None:
+            data, self.head = self.head + data, None
+        self.transport.write(data)
+
+    def close(self) -> None:
+        """Closed before the body came (the app failed mid-answer): the head goes out first, as it did."""
+        if self.head is not None:
+            self.transport.write(self.head)
+            self.head = None
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
 class GuardedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, header_timeout: float, caps: ConnectionCaps, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,7 +146,10 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        before = self.cycle
         super().on_headers_complete()
+        if self.cycle is not before and self.cycle is not None:  # a new request's cycle (not an upgrade)
+            self.cycle.transport = HeadWithBody(self.transport, self.cycle)  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

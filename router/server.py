@@ -285,6 +285,8 @@ def main(argv: list[str] | None = None) -> None:
         host=config.host,
         port=config.port,
         log_config=log_config(config.access_log),
+        # off, uvicorn still formats each request's client and quoted path for a logger that drops it
+        access_log=config.access_log,
         timeout_keep_alive=config.timeout_keep_alive,
         http=functools.partial(GuardedProtocol, header_timeout=config.header_timeout, caps=caps),  # type: ignore[arg-type]
     )
