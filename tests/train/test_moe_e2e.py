@@ -16,7 +16,9 @@ pytestmark = pytest.mark.slow
 )
 def test_three_replayed_steps_through_the_router(tiny_model_factory, prompts, valkey, tmp_path, arch, family):
     model = tiny_model_factory(arch, family=family)
-    run_dir = tmp_path / "moe"
+    # the run id is the run dir's name, and the buffer (one valkey per session) outlives the test:
+    # one run id per arch, or a later arch's run finds an earlier one's group places held
+    run_dir = tmp_path / f"moe-{arch}"
     argv = train_argv(
         model, prompts, run_dir, valkey.url, "--num-rollout", "3", "--use-rollout-routing-replay",
         "--rollout-function-path", "slimeish.rollout_functions.openai_agent.generate_rollout",
