@@ -46,9 +46,15 @@ def paged_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-interface signature: `query` `[n, heads, width, dim]`, `key`/`value`
-    `[n, kv_heads, kv_len, dim]`; returns `[n, width, heads, dim]`."""
+    `[n, kv_heads, kv_len, dim]` (`value` may be narrower); returns `[n, width, heads, v_dim]`."""
     if not isinstance(attention_mask, ChunkSpan):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    v_dim = value.shape[-1]
+    assert v_dim <= key.shape[-1], "values wider than keys: no model has them"
+    if v_dim < key.shape[-1]:
+        # the CPU flash kernel wants one head size for Q, K and V; MLA's values are narrower. Zero
+        # columns added to V add zero columns to the output, sliced off: exact.
+        value = torch.nn.functional.pad(value, (0, key.shape[-1] - v_dim))
     start, end = attention_mask.start, attention_mask.end
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     groups = query.shape[1] // key.shape[1]
@@ -61,11 +67,11 @@ def paged_attention(
         n, heads, width, dim = query.shape
         stacked = query.reshape(n, heads // groups, groups * width, dim)
         past, past_lse = flash(stacked, key[:, :, :start], value[:, :, :start], 0.0, False, scale=scaling)[:2]
-        past, past_lse = past.reshape(n, heads, width, dim), past_lse.reshape(n, heads, width)
+        past, past_lse = past.reshape(n, heads, width, -1), past_lse.reshape(n, heads, width)
         total = torch.logaddexp(lse, past_lse)
         out = out * (lse - total).exp()[..., None] + past * (past_lse - total).exp()[..., None]
     # the log-sum-exps are float32: a half-precision model's output must keep its own dtype
-    return out.to(query.dtype).transpose(1, 2), None
+    return out[..., :v_dim].to(query.dtype).transpose(1, 2), None
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

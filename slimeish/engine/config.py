@@ -10,7 +10,9 @@ from slimeish.common.config import help_field
 
 @dataclass(kw_only=True)
 class EngineConfig:
-    model: str = help_field(help="Hugging Face checkpoint directory (Llama, Qwen2 or Qwen3 family)")
+    model: str = help_field(
+        help="Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5 or DeepSeek-V3)"
+    )
     host: str = help_field("127.0.0.1", help="address to listen on")
     port: int = help_field(30000, help="TCP port to listen on")
     device: Literal["cpu", "cuda"] = help_field("cpu", help="where the model and KV cache live")

@@ -1,9 +1,11 @@
 """The model runner: a Hugging Face causal LM plus a paged KV cache, one forward per call.
 
 The model's own modules run the forward (embedding, decoder layers, rotary, norm, head), so any
-Llama / Qwen2 / Qwen3 / Qwen3-MoE / GLM-4.5 checkpoint works unchanged. Two things are ours:
+Llama / Qwen2 / Qwen3 / Qwen3-MoE / GLM-4.5 / DeepSeek-V3 checkpoint works unchanged. Two things
+are ours:
 
-* `PagedKV` replaces HF's cache: per layer one pool of token slots `[slots, kv_heads, head_dim]`,
+* `PagedKV` replaces HF's cache: per layer one pool of token slots `[slots, kv_heads, head_dim]`
+  (DeepSeek-V3: its MLA latents, see `mla`),
   handed out in pages (`kv_cache.PagePool` keeps the books). A sequence's KV is wherever its page
   table says; each forward writes the new tokens' K/V into their slots and gathers, per sequence,
   the pages it attends to (whole pages: one copy per page, not one per token). Memory grows with
@@ -24,24 +26,30 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from slimeish.engine import mla
 from slimeish.engine.attention import ATTN_IMPLEMENTATION, ChunkSpan
 from slimeish.engine.lora import LoraServing
 from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
 
-_SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe")
+_SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", *mla.MLA_TYPES)
 # prompt positions per lm-head call when prompt log-probs are asked for (bounds the logits held at once)
 _LOGPROB_CHUNK = 256
 
 
 class PagedKV:
-    """Per-layer K/V slot pools; duck-types the `update` of a transformers Cache for one forward."""
+    """Per-layer K/V slot pools; duck-types the `update` of a transformers Cache for one forward.
+    What a layer caches is its attention's business: K and V heads (`[heads, head_dim]` each), or
+    an MLA layer's two latents (`mla.latent_shapes`); `key_shape` and `value_shape` say which."""
 
-    def __init__(self, n_layers: int, slots: int, page_size: int, kv_heads: int, head_dim: int, dtype, device):
+    def __init__(
+        self, n_layers: int, slots: int, page_size: int, key_shape: tuple[int, int], value_shape: tuple[int, int],
+        dtype, device,
+    ):  # fmt: skip
         # `empty`, not `zeros`: on CPU the pool is then only backed by memory as pages get used.
         # Slots a mask hides still enter attention as 0 x value, so a page is zeroed when handed
         # out (`clear`): uninitialised memory may hold NaN, and 0 x NaN is NaN.
-        self.keys = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.values = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.keys = [torch.empty(slots, *key_shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.empty(slots, *value_shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.page_size = page_size
         self._set_step(torch.zeros(0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long))
 
@@ -55,24 +63,31 @@ class PagedKV:
         self.write, self.read = write, read
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write this step's K/V (`[n, kv_heads, width, head_dim]`) and return what each sequence
-        sees, `[n, kv_heads, pages * page_size, head_dim]`. `index_copy_`/`index_select` over flat
+        """Write this step's K/V (`[n, heads, width, dim]`) and return what each sequence
+        sees, `[n, heads, pages * page_size, dim]`. `index_copy_`/`index_select` over flat
         slots and whole pages: an order of magnitude faster on CPU than advanced indexing, and
         gathering pages copies `page_size` times fewer (and longer) rows than gathering slots."""
-        n, heads, width, dim = key.shape
+        return self._step(self.keys[layer_idx], key), self._step(self.values[layer_idx], value)
+
+    def _step(self, buf: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        n, heads, width, dim = new.shape
         kv_len = self.read.shape[1] * self.page_size
-        out = []
-        for buf, new in ((self.keys[layer_idx], key), (self.values[layer_idx], value)):
-            buf.index_copy_(0, self.write, new.transpose(1, 2).reshape(n * width, heads, dim))
-            pages = buf.view(-1, self.page_size, heads, dim).index_select(0, self.read.flatten())
-            out.append(pages.view(n, kv_len, heads, dim).transpose(1, 2))
-        return out[0], out[1]
+        buf.index_copy_(0, self.write, new.transpose(1, 2).reshape(n * width, heads, dim))
+        pages = buf.view(-1, self.page_size, heads, dim).index_select(0, self.read.flatten())
+        return pages.view(n, kv_len, heads, dim).transpose(1, 2)
+
+
+def cached_shapes(config) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Per token and layer, the shapes of what `PagedKV` holds for K and V."""
+    if config.model_type in mla.MLA_TYPES:
+        return mla.latent_shapes(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (config.num_key_value_heads, head_dim), (config.num_key_value_heads, head_dim)
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
+    return config.num_hidden_layers * sum(h * d for h, d in cached_shapes(config)) * itemsize
 
 
 class ModelRunner:
@@ -98,13 +113,12 @@ class ModelRunner:
     def allocate_kv(self, num_pages: int, page_size: int) -> None:
         """The KV pool: `num_pages` pages of `page_size` token slots per layer."""
         cfg = self.model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.page_size = page_size
         # one page more than the pool hands out: page `num_pages`, zeroed, pads the shorter
         # sequences of a decode batch
         self.cache = PagedKV(
-            cfg.num_hidden_layers, (num_pages + 1) * page_size, page_size, cfg.num_key_value_heads, head_dim,
-            self.model.dtype, self.device,
+            cfg.num_hidden_layers, (num_pages + 1) * page_size, page_size, *cached_shapes(cfg), self.model.dtype,
+            self.device,
         )  # fmt: skip
         self._offsets = torch.arange(page_size, device=self.device)
         self._pad_page = num_pages

@@ -7,7 +7,8 @@ them per expert (`mlp.experts.{e}.gate_proj.weight`, ...). `expert_target` maps 
 tensor onto its slice of the fused parameter, so weight updates keep the checkpoint's names.
 
 `RouteRecorder` hooks each sparse layer's router (HF computes the scores and top-k there: Qwen3-MoE's
-softmax, GLM-4.5's sigmoid plus score-correction bias; dense layers, GLM-4.5's first, have none) and
+softmax, GLM-4.5's and DeepSeek-V3's sigmoid plus score-correction bias, group-limited; dense
+layers, GLM-4.5's and DeepSeek-V3's first, have none) and
 writes the top-k expert ids of every token it runs into a per-KV-slot table, next to the token's
 K/V: a prefix-cache hit then brings back the routing the cached tokens had when they were run,
 as SGLang's capturer does.

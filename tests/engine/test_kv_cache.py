@@ -78,9 +78,13 @@ def hf_model(tiny_model):
     return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
 
 
-def test_a_prefix_hit_gives_the_logprobs_of_a_miss_and_of_a_full_forward(tiny_model, hf_model):
+@pytest.mark.parametrize("arch", ["qwen2", "deepseek_v3"])
+def test_a_prefix_hit_gives_the_logprobs_of_a_miss_and_of_a_full_forward(tiny_model_factory, arch):
     """Turn 2 of an episode resends turn 1 (prompt and output) plus new tokens: with the cache it
-    prefills only the rest, in chunks of 5 that cut pages (4 tokens) and the cached boundary."""
+    prefills only the rest, in chunks of 5 that cut pages (4 tokens) and the cached boundary.
+    DeepSeek-V3's pages hold MLA's latents, and its values are narrower than its keys."""
+    tiny_model = tiny_model_factory(arch)
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     turn1 = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
     hit = make_scheduler(tiny_model, chunk_size=5)
     (first,) = run(hit, [turn1], 9)

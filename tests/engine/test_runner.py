@@ -19,7 +19,7 @@ def make_scheduler(path, device: str = "cpu", dtype: str = "float32", **override
     return Scheduler(runner, SchedulerConfig(**(cfg | overrides)), weight_version=0)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3"])
 def test_continuous_batch_logprobs_match_hf_for_each_family(tiny_model_factory, arch):
     """Sequences of different lengths join and leave the batch (rows get compacted) and still
     report exactly the logprobs of a full forward over prompt + output."""

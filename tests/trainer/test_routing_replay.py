@@ -1,11 +1,12 @@
-"""Qwen3-MoE and GLM-4.5 between the embedded engine and the trainer: log-prob parity, weights by
-checkpoint names, the routed experts the engine records, and routing replay (R3).
+"""Qwen3-MoE, GLM-4.5 and DeepSeek-V3 between the embedded engine and the trainer: log-prob parity,
+weights by checkpoint names, the routed experts the engine records, and routing replay (R3).
 
 The models are `make-tiny-model --arch qwen3_moe --family qwen3` (config-exact Qwen3-MoE: every
-layer sparse, 4 experts, top-2, renormalised) and `--arch glm4_moe --family glm-4.5` (config-exact
-GLM-4.5: layer 0 dense, layer 1 sigmoid-routed with a correction bias and a shared expert). The
-engine runs in-process (its scheduler and runner); its HTTP side is covered in
-tests/engine/test_server.py.
+layer sparse, 4 experts, top-2, renormalised), `--arch glm4_moe --family glm-4.5` (config-exact
+GLM-4.5: layer 0 dense, layer 1 sigmoid-routed with a correction bias and a shared expert) and
+`--arch deepseek_v3 --family deepseek-v3` (config-exact DeepSeek-V3: GLM-4.5's routing within the
+best of 2 expert groups, MLA attention whose latents the engine caches). The engine runs
+in-process (its scheduler and runner); its HTTP side is covered in tests/engine/test_server.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from slimeish.trainer.trainer import Trainer
 PAGE = 4
 
 
-FAMILY = {"qwen3_moe": "qwen3", "glm4_moe": "glm-4.5"}
+FAMILY = {"qwen3_moe": "qwen3", "glm4_moe": "glm-4.5", "deepseek_v3": "deepseek-v3"}
 # the published checkpoints' config keys, as make-tiny-model writes them
 CONFIG_KEYS = {
     "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2,
@@ -36,6 +37,11 @@ CONFIG_KEYS = {
                  "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "attention_bias": True,
                  "use_qk_norm": False, "head_dim": 16, "tie_word_embeddings": False,
                  "rope_parameters": {"partial_rotary_factor": 0.5, "rope_theta": 10000.0, "rope_type": "default"}},
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2,
+                    "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "q_lora_rank": 32,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+                    "rope_interleave": True, "tie_word_embeddings": False},
 }  # fmt: skip
 
 
@@ -90,7 +96,8 @@ def test_engine_and_trainer_log_probs_agree_and_the_routes_are_the_trainers(moe_
     samples = engine_samples(runner, 4, seed=0)
     routes = decode_routed_experts(samples[0].rollout_routed_experts, len(samples[0].tokens) - 1)
     moe_layers = len(moe_routers(runner.model))
-    assert moe_layers == {"qwen3_moe": 2, "glm4_moe": 1}[runner.model.config.model_type]  # GLM-4.5's first is dense
+    # GLM-4.5's and DeepSeek-V3's first layer is dense
+    assert moe_layers == {"qwen3_moe": 2, "glm4_moe": 1, "deepseek_v3": 1}[runner.model.config.model_type]
     assert routes.shape == (len(samples[0].tokens) - 1, moe_layers * 2)  # tokens x (MoE layers x top-k)
     assert routes.min() >= 0 and routes.max() < 4
     trainer = Trainer(TrainerConfig(model_path=moe_model), LossConfig())
