@@ -40,14 +40,17 @@ class PagedKV:
         # `empty`, not `zeros`: on CPU the pool is then only backed by memory as pages get used.
         # Slots a mask hides still enter attention as 0 x value, so a page is zeroed when handed
         # out (`clear`): uninitialised memory may hold NaN, and 0 x NaN is NaN.
-        self.keys = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.values = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        # Head-major (`[kv_heads, slots, head_dim]`): a gathered page is one contiguous block per head,
+        # so a decode step's keys come out as `[kv_heads, n, kv_len, head_dim]`, contiguous, which
+        # `attention` multiplies without another copy.
+        self.keys = [torch.empty(kv_heads, slots, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.empty(kv_heads, slots, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
         self.page_size = page_size
         self._set_step(torch.zeros(0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long))
 
     def clear(self, slots: torch.Tensor) -> None:
         for buf in (*self.keys, *self.values):
-            buf[slots] = 0
+            buf.index_fill_(1, slots, 0)
 
     def _set_step(self, write: torch.Tensor, read: torch.Tensor) -> None:
         """`write`: the slot of each new token (`[n * width]`); `read`: per sequence, its page table
@@ -56,16 +59,17 @@ class PagedKV:
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write this step's K/V (`[n, kv_heads, width, head_dim]`) and return what each sequence
-        sees, `[n, kv_heads, pages * page_size, head_dim]`. `index_copy_`/`index_select` over flat
-        slots and whole pages: an order of magnitude faster on CPU than advanced indexing, and
-        gathering pages copies `page_size` times fewer (and longer) rows than gathering slots."""
+        sees, `[n, kv_heads, pages * page_size, head_dim]` (a transposed view of a contiguous
+        `[kv_heads, n, ...]` gather). `index_copy_`/`index_select` over flat slots and whole pages:
+        an order of magnitude faster on CPU than advanced indexing, and gathering pages copies
+        `page_size` times fewer (and longer) blocks than gathering slots."""
         n, heads, width, dim = key.shape
         kv_len = self.read.shape[1] * self.page_size
         out = []
         for buf, new in ((self.keys[layer_idx], key), (self.values[layer_idx], value)):
-            buf.index_copy_(0, self.write, new.transpose(1, 2).reshape(n * width, heads, dim))
-            pages = buf.view(-1, self.page_size, heads, dim).index_select(0, self.read.flatten())
-            out.append(pages.view(n, kv_len, heads, dim).transpose(1, 2))
+            buf.index_copy_(1, self.write, new.transpose(0, 1).reshape(heads, n * width, dim))
+            pages = buf.view(heads, -1, self.page_size, dim).index_select(1, self.read.flatten())
+            out.append(pages.view(heads, n, kv_len, dim).transpose(0, 1))
         return out[0], out[1]
 
 
@@ -116,6 +120,8 @@ class ModelRunner:
     def clear_pages(self, pages: list[int]) -> None:
         """Zero pages about to be handed out (see `PagedKV.clear`)."""
         assert self.cache is not None, "allocate_kv first"
+        if not pages:
+            return
         self.cache.clear((torch.tensor(pages, device=self.device)[:, None] * self.page_size + self._offsets).flatten())
 
     @torch.inference_mode()
