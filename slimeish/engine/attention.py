@@ -11,8 +11,8 @@ after 28,800 cached tokens took half the time (0.55 s against 1.2 s a layer, one
 
 The split kernel is PyTorch's CPU flash attention, which returns the log-sum-exp. Decode steps
 (their mask is one row per sequence, cheaper than the split's extra small ops: c=1 throughput fell
-~10 % with them split too), and every forward on other devices, keep the additive mask and Hugging
-Face's SDPA path.
+~10 % with them split too) keep the additive mask; on CPU they run as two batched matmuls
+(`_masked_cpu`), and every forward on other devices takes Hugging Face's SDPA path.
 """
 
 from __future__ import annotations

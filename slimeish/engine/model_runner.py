@@ -3,7 +3,7 @@
 The model's own modules run the forward (embedding, decoder layers, rotary, norm, head), so any
 Llama / Qwen2 / Qwen3 / Qwen3-MoE / GLM-4.5 checkpoint works unchanged. Two things are ours:
 
-* `PagedKV` replaces HF's cache: per layer one pool of token slots `[slots, kv_heads, head_dim]`,
+* `PagedKV` replaces HF's cache: per layer one pool of token slots `[kv_heads, slots, head_dim]`,
   handed out in pages (`kv_cache.PagePool` keeps the books). A sequence's KV is wherever its page
   table says; each forward writes the new tokens' K/V into their slots and gathers, per sequence,
   the pages it attends to (whole pages: one copy per page, not one per token). Memory grows with
