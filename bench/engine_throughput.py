@@ -6,6 +6,10 @@ the engine gets c clients that each send their next request as soon as the last 
 `generate` gets the requests in batches of c, each batch running until its longest request is
 done (finished rows keep decoding, as static batching does). Only requested tokens are counted.
 
+Besides tokens/s, each side's CPU time per requested token (user + system: the engine process's
+from /proc, HF's the bench process's during `generate`): on a shared machine wall-clock rates swing
+with the load, while CPU time per token moves much less, so A/B comparisons of code use it.
+
 Run by hand (not part of the tests):
     .venv/bin/python bench/engine_throughput.py                       # default tiny model
     .venv/bin/python bench/engine_throughput.py --hidden-size 256 --num-layers 4 --num-heads 8
@@ -26,6 +30,12 @@ import torch
 
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.models.tiny import TinyModelConfig, make_tiny_model
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_workload(n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
@@ -104,16 +114,28 @@ def main() -> None:
         try:
             wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=engine.proc)
             print(f"model: {params / 1e6:.2f}M params, threads={args.threads}, load before: {os.getloadavg()}")
-            print("| concurrency | requests | output tokens | engine tok/s | HF generate tok/s | ratio |")
-            print("|---:|---:|---:|---:|---:|---:|")
+            print(
+                "| concurrency | requests | output tokens | engine tok/s | HF generate tok/s | ratio "
+                "| engine CPU µs/token | HF CPU µs/token | CPU ratio (HF / engine) |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for c, n in zip(args.concurrency, args.requests, strict=True):
                 work = make_workload(n, model.config.vocab_size, args.seed + c)
                 asyncio.run(run_engine(f"http://127.0.0.1:{port}", work[: min(4, n)], c))  # warm up
+                e_cpu = process_cpu_seconds(engine.pid)
                 e_tokens, e_time = asyncio.run(run_engine(f"http://127.0.0.1:{port}", work, c))
+                e_cpu = process_cpu_seconds(engine.pid) - e_cpu
+                h_cpu = time.process_time()
                 h_tokens, h_time = run_hf(model, model.config.pad_token_id, work, c)
+                h_cpu = time.process_time() - h_cpu
                 assert e_tokens == h_tokens
                 e_rate, h_rate = e_tokens / e_time, h_tokens / h_time
-                print(f"| {c} | {n} | {e_tokens} | {e_rate:.0f} | {h_rate:.0f} | {e_rate / h_rate:.2f}x |", flush=True)
+                e_us, h_us = 1e6 * e_cpu / e_tokens, 1e6 * h_cpu / h_tokens
+                print(
+                    f"| {c} | {n} | {e_tokens} | {e_rate:.0f} | {h_rate:.0f} | {e_rate / h_rate:.2f}x "
+                    f"| {e_us:.0f} | {h_us:.0f} | {h_us / e_us:.2f}x |",
+                    flush=True,
+                )
             print(f"load after: {os.getloadavg()}")
         finally:
             engine.stop()

@@ -11,8 +11,8 @@ after 28,800 cached tokens took half the time (0.55 s against 1.2 s a layer, one
 
 The split kernel is PyTorch's CPU flash attention, which returns the log-sum-exp. Decode steps
 (their mask is one row per sequence, cheaper than the split's extra small ops: c=1 throughput fell
-~10 % with them split too), and every forward on other devices, keep the additive mask and Hugging
-Face's SDPA path.
+~10 % with them split too) keep the additive mask; on CPU they run as two batched matmuls
+(`_masked_cpu`), and every forward on other devices takes Hugging Face's SDPA path.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def paged_attention(
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-interface signature: `query` `[n, heads, width, dim]`, `key`/`value`
     `[n, kv_heads, kv_len, dim]` (`value` may be narrower); returns `[n, width, heads, v_dim]`."""
+    if isinstance(attention_mask, torch.Tensor) and query.device.type == "cpu":
+        return _masked_cpu(query, key, value, attention_mask, scaling), None
     if not isinstance(attention_mask, ChunkSpan):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     v_dim = value.shape[-1]
@@ -72,6 +74,25 @@ def paged_attention(
         out = out * (lse - total).exp()[..., None] + past * (past_lse - total).exp()[..., None]
     # the log-sum-exps are float32: a half-precision model's output must keep its own dtype
     return out[..., :v_dim].to(query.dtype).transpose(1, 2), None
+
+
+def _masked_cpu(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """Attention with an additive mask `[n, 1, width, kv_len]` as two batched matmuls, the query
+    heads that share a KV head stacked as one query block. `key`/`value` are transposed views of
+    contiguous `[kv_heads, n, kv_len, dim]` gathers (`PagedKV.update`): in that order they are read
+    in place. CPU SDPA took ~3x as long for a decode step's shapes (one query row per sequence, a
+    mask), and its GQA path repeats the keys first."""
+    n, heads, width, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    q = query.reshape(n, kv_heads, groups * width, dim).transpose(0, 1)  # [kv_heads, n, groups*width, dim]
+    scores = torch.matmul(q, key.transpose(0, 1).transpose(-1, -2)).float() * (scaling or dim**-0.5)
+    scores = scores.view(kv_heads, n, groups, width, kv_len) + mask.view(1, n, 1, width, kv_len)
+    probs = scores.softmax(-1).to(value.dtype).view(kv_heads, n, groups * width, kv_len)
+    out = torch.matmul(probs, value.transpose(0, 1))  # [kv_heads, n, groups*width, v_dim]
+    return out.transpose(0, 1).reshape(n, heads, width, value.shape[-1]).transpose(1, 2)
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

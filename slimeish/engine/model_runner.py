@@ -4,7 +4,7 @@ The model's own modules run the forward (embedding, decoder layers, rotary, norm
 Llama / Qwen2 / Qwen3 / Qwen3-MoE / GLM-4.5 / DeepSeek-V3 checkpoint works unchanged. Two things
 are ours:
 
-* `PagedKV` replaces HF's cache: per layer one pool of token slots `[slots, kv_heads, head_dim]`
+* `PagedKV` replaces HF's cache: per layer one pool of token slots `[kv_heads, slots, head_dim]`
   (DeepSeek-V3: its MLA latents, see `mla`),
   handed out in pages (`kv_cache.PagePool` keeps the books). A sequence's KV is wherever its page
   table says; each forward writes the new tokens' K/V into their slots and gathers, per sequence,
@@ -48,14 +48,18 @@ class PagedKV:
         # `empty`, not `zeros`: on CPU the pool is then only backed by memory as pages get used.
         # Slots a mask hides still enter attention as 0 x value, so a page is zeroed when handed
         # out (`clear`): uninitialised memory may hold NaN, and 0 x NaN is NaN.
-        self.keys = [torch.empty(slots, *key_shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.values = [torch.empty(slots, *value_shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        # Head-major (`[heads, slots, dim]`): a gathered page is one contiguous block per head, so a
+        # decode step's keys come out as `[heads, n, kv_len, dim]`, contiguous, which `attention`
+        # multiplies without another copy.
+        (kh, kd), (vh, vd) = key_shape, value_shape
+        self.keys = [torch.empty(kh, slots, kd, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.empty(vh, slots, vd, dtype=dtype, device=device) for _ in range(n_layers)]
         self.page_size = page_size
         self._set_step(torch.zeros(0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long))
 
     def clear(self, slots: torch.Tensor) -> None:
         for buf in (*self.keys, *self.values):
-            buf[slots] = 0
+            buf.index_fill_(1, slots, 0)
 
     def _set_step(self, write: torch.Tensor, read: torch.Tensor) -> None:
         """`write`: the slot of each new token (`[n * width]`); `read`: per sequence, its page table
@@ -63,18 +67,19 @@ class PagedKV:
         self.write, self.read = write, read
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write this step's K/V (`[n, heads, width, dim]`) and return what each sequence
-        sees, `[n, heads, pages * page_size, dim]`. `index_copy_`/`index_select` over flat
-        slots and whole pages: an order of magnitude faster on CPU than advanced indexing, and
-        gathering pages copies `page_size` times fewer (and longer) rows than gathering slots."""
+        """Write this step's K/V (`[n, heads, width, dim]`) and return what each sequence sees,
+        `[n, heads, pages * page_size, dim]` (a transposed view of a contiguous `[heads, n, ...]`
+        gather). `index_copy_`/`index_select` over flat slots and whole pages: an order of
+        magnitude faster on CPU than advanced indexing, and gathering pages copies `page_size`
+        times fewer (and longer) blocks than gathering slots."""
         return self._step(self.keys[layer_idx], key), self._step(self.values[layer_idx], value)
 
     def _step(self, buf: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         n, heads, width, dim = new.shape
         kv_len = self.read.shape[1] * self.page_size
-        buf.index_copy_(0, self.write, new.transpose(1, 2).reshape(n * width, heads, dim))
-        pages = buf.view(-1, self.page_size, heads, dim).index_select(0, self.read.flatten())
-        return pages.view(n, kv_len, heads, dim).transpose(1, 2)
+        buf.index_copy_(1, self.write, new.transpose(0, 1).reshape(heads, n * width, dim))
+        pages = buf.view(heads, -1, self.page_size, dim).index_select(1, self.read.flatten())
+        return pages.view(heads, n, kv_len, dim).transpose(0, 1)
 
 
 def cached_shapes(config) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -130,6 +135,8 @@ class ModelRunner:
     def clear_pages(self, pages: list[int]) -> None:
         """Zero pages about to be handed out (see `PagedKV.clear`)."""
         assert self.cache is not None, "allocate_kv first"
+        if not pages:
+            return
         self.cache.clear((torch.tensor(pages, device=self.device)[:, None] * self.page_size + self._offsets).flatten())
 
     @torch.inference_mode()

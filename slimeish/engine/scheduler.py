@@ -196,7 +196,7 @@ class Scheduler:
             while seq.prefilling and budget > 0:
                 start = seq.kv_len
                 end = min(len(prompt), start + self.cfg.chunk_size, start + budget)
-                self._take_pages(seq, end)
+                self.runner.clear_pages(self._take_pages(seq, end))
                 logprob_start, adapter = seq.req.prompt_logprob_start, seq.req.lora_path
                 logits, logprobs = self.runner.prefill(prompt, start, end, seq.pages, logprob_start, adapter)
                 seq.input_logprobs += logprobs
@@ -212,8 +212,8 @@ class Scheduler:
             self._append([s for s, _ in generating], torch.stack([lg for _, lg in generating]))
 
     def _decode(self, batch: list[Sequence]) -> None:
-        for seq in batch:
-            self._take_pages(seq, seq.kv_len + 1)
+        # the pages the batch crosses into, zeroed in one call
+        self.runner.clear_pages([page for seq in batch for page in self._take_pages(seq, seq.kv_len + 1)])
         positions = [s.kv_len for s in batch]
         tokens, pages = [s.output_ids[-1] for s in batch], [s.pages for s in batch]
         logits = self.runner.decode_step(tokens, positions, pages, [s.req.lora_path for s in batch])
@@ -221,16 +221,18 @@ class Scheduler:
             seq.kv_len += 1
         self._append(batch, logits)
 
-    def _take_pages(self, seq: Sequence, kv_len: int) -> None:
-        """Give `seq` the pages for positions below `kv_len`, out of what admission promised it."""
+    def _take_pages(self, seq: Sequence, kv_len: int) -> list[int]:
+        """Give `seq` the pages for positions below `kv_len`, out of what admission promised it;
+        returns the new ones, which the caller zeroes (`ModelRunner.clear_pages`) before a forward."""
         n = self.pool.pages_for(kv_len) - len(seq.pages)
-        if n > 0:
-            assert n <= seq.reserved, "a sequence outgrew what admission reserved for it"
-            fresh = self.pool.alloc(n)
-            self.runner.clear_pages(fresh)
-            seq.pages += fresh
-            seq.reserved -= n
-            self.reserved -= n
+        if n <= 0:
+            return []
+        assert n <= seq.reserved, "a sequence outgrew what admission reserved for it"
+        fresh = self.pool.alloc(n)
+        seq.pages += fresh
+        seq.reserved -= n
+        self.reserved -= n
+        return fresh
 
     def _append(self, seqs: list[Sequence], logits) -> None:
         tokens, logprobs = sample(logits, [s.sampling for s in seqs], [s.rng.random() for s in seqs])

@@ -32,8 +32,21 @@ def test_continuous_batch_on_cuda(tiny_model):
     check_continuous_batch(tiny_model, "cuda")
 
 
-def check_continuous_batch(path, device: str) -> None:
+def test_pages_handed_out_in_one_decode_step_are_all_zeroed(tiny_model):
+    """The KV pool is uninitialised memory: poisoned with NaN here, every page a sequence takes
+    (several sequences cross into new pages in the same decode step, zeroed in one call) must be
+    cleared before a forward reads it, or a masked slot's 0 x NaN spoils the log-probs."""
+    check_continuous_batch(tiny_model, "cpu", poison=True)
+
+
+def check_continuous_batch(path, device: str, poison: bool = False) -> None:
     sched = make_scheduler(path, device, max_rows=3)
+    if poison:
+        cache = sched.runner.cache
+        assert cache is not None
+        for buf in (*cache.keys, *cache.values):
+            buf.fill_(float("nan"))
+        sched.runner.clear_pages([sched.pool.num_pages])  # the pad page, zeroed once at allocation
     finished = []
     prompts = [[5, 6, 7], [9] * 11, [3, 1, 4, 1, 5], [2, 7], [8, 8, 8, 8]]
     lengths = [30, 5, 17, 9, 12]

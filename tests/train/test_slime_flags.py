@@ -25,7 +25,8 @@ SLIME_LAUNCH = """
 --dynamic-sampling-filter-path slimeish.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std
 --advantage-estimator gspo --use-kl-loss --kl-loss-coef 0.01 --kl-loss-type low_var_kl --entropy-coef 0.0
 --eps-clip 0.2 --eps-clip-high 0.28 --use-tis --tis-clip 2.5 --loss-type policy_loss --lr 1e-6
---lr-warmup-iters 2 --tensor-model-parallel-size 1 --expert-model-parallel-size 2 --max-tokens-per-gpu 2048 --use-dynamic-batch-size
+--lr-warmup-iters 2 --tensor-model-parallel-size 1 --expert-model-parallel-size 2 --max-tokens-per-gpu 2048
+--use-dynamic-batch-size
 --eval-prompt-data aime {data} --n-samples-per-eval-prompt 2 --loss-mask-type qwen3
 """
 
