@@ -132,7 +132,7 @@ def _opening(new: list[Canonical]) -> str:
 
 
 def _string_arguments(message: Canonical) -> list[str]:
-    values = []
+    values: list[str] = []
     for _name, arguments in message[2]:
         parsed = _args(arguments)
         if isinstance(parsed, dict):
@@ -144,8 +144,8 @@ def handed_on(new: list[Canonical], conversations: list[list[Canonical]]) -> str
     """`COMPACTION` or `SUB_AGENT` when a new conversation opens with what one of the session's
     `conversations` (each its history and the reply last returned) handed on: a line of its last
     reply (a summary), or a string argument of one of its tool calls (a sub-agent's task). Only
-    text the conversation's own messages do not hold counts, so a new task that repeats its
-    predecessor's instructions is no compaction."""
+    text its messages before that reply do not hold counts, so a new task that repeats its
+    predecessor's instructions is neither."""
     opening = _opening(new)
     for conversation in conversations:
         held = "\n".join(m[1] for m in conversation[:-1])
