@@ -171,12 +171,20 @@ class Capture:
         last = next(iter(mine or chats), None)
         if last is None:
             return H.NEW_CONVERSATION if self.segments else None
-        if tools != last.tools:
-            return H.TOOLS_CHANGED
         new = [H.canonical(m) for m in messages]
-        return H.split_reason([H.canonical(m) for m in last.history], H.canonical(last.reply), new) or (
-            H.ASSISTANT_EDITED  # extends only after canonicalisation, which the fast path refused
-        )
+        if tools != last.tools:
+            return self._handed_on(new) or H.TOOLS_CHANGED
+        reason = H.split_reason([H.canonical(m) for m in last.history], H.canonical(last.reply), new)
+        if reason == H.NEW_CONVERSATION:
+            return self._handed_on(new) or reason
+        return reason or H.ASSISTANT_EDITED  # extends only after canonicalisation, which the fast path refused
+
+    def _handed_on(self, new: list[H.Canonical]) -> str | None:
+        """Whether a new conversation continues one of the session's agents (`history.handed_on`):
+        compared with the latest conversation of each lineage."""
+        latest = {s.lineage: s.chat for s in self.segments if s.chat is not None}
+        conversations = [[*map(H.canonical, c.history), H.canonical(c.reply)] for c in latest.values()]
+        return H.handed_on(new, conversations)
 
     def plan_tokens(self, input_ids: list[int]) -> TurnPlan:
         for seg in reversed(self.segments):

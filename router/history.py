@@ -15,7 +15,13 @@ _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 # Why a turn started a new segment (recorded on the segment and counted in metrics).
 TOOLS_CHANGED = "tools_changed"  # the tool list changed, so the system prompt changed
-NEW_CONVERSATION = "new_conversation"  # a different system/first message: a sub-agent or a new task
+NEW_CONVERSATION = "new_conversation"  # a different system/first message: a new task
+# A new conversation that opens with the model's last reply of a conversation, quoted (compacted
+# context: Claude Code's auto-compact, Codex's compaction hand the summary on as a user message)
+COMPACTION = "compaction"
+# A new conversation that opens with a string argument of a tool call the session's conversations
+# hold (Claude Code's `Agent` tool: the sub-agent's first message is the call's `prompt`)
+SUB_AGENT = "sub_agent"
 PROMPT_REPEATED = "prompt_repeated"  # the same (or a shorter) history again: a retry or regeneration
 HISTORY_TRUNCATED = "history_truncated"  # earlier messages were dropped
 HISTORY_EDITED = "history_edited"  # earlier messages were rewritten (summaries, edits)
@@ -108,3 +114,48 @@ def split_reason(previous: list[Canonical], reply: Canonical, new: list[Canonica
     # the history kept up to the reply, which is left out: e.g. mini-swe-agent answers a reply it
     # cannot parse with only its error
     return REPLY_DROPPED if i == len(previous) else HISTORY_EDITED
+
+
+# A line or argument shorter than this is too common to say where a conversation came from
+_QUOTED = 16
+
+
+def _opening(new: list[Canonical]) -> str:
+    """The text of the messages before the first assistant one, system messages left out."""
+    opening = []
+    for role, text, _calls, _id in new:
+        if role == "assistant":
+            break
+        if role not in ("system", "developer"):
+            opening.append(text)
+    return "\n".join(opening)
+
+
+def _string_arguments(message: Canonical) -> list[str]:
+    values: list[str] = []
+    for _name, arguments in message[2]:
+        parsed = _args(arguments)
+        if isinstance(parsed, dict):
+            values += [v.strip() for v in parsed.values() if isinstance(v, str)]
+    return values
+
+
+def handed_on(new: list[Canonical], conversations: list[list[Canonical]]) -> str | None:
+    """`COMPACTION` or `SUB_AGENT` when a new conversation opens with what one of the session's
+    `conversations` (each its history and the reply last returned) handed on: a line of its last
+    reply (a summary), or a string argument of one of its tool calls (a sub-agent's task). Only
+    text its messages before that reply do not hold counts, so a new task that repeats its
+    predecessor's instructions is neither."""
+    opening = _opening(new)
+    for conversation in conversations:
+        held = "\n".join(m[1] for m in conversation[:-1])
+        if any(_quoted(line.strip(), opening, held) for line in conversation[-1][1].splitlines()):
+            return COMPACTION
+        calls = [a for m in conversation if m[0] == "assistant" for a in _string_arguments(m)]
+        if any(_quoted(a, opening, held) for a in calls):
+            return SUB_AGENT
+    return None
+
+
+def _quoted(text: str, opening: str, held: str) -> bool:
+    return len(text) >= _QUOTED and text in opening and text not in held

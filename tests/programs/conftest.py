@@ -142,11 +142,13 @@ class Statuses:
 
 def turns_of(sample: Any, calls: list[tuple[dict, dict]]) -> list[int]:
     """The engine calls (indexes into `calls`, each a (request, reply)) whose prompt and output the
-    sample's tokens begin with: the turns it holds."""
+    sample's tokens begin with: the turns it holds (not those its prompt holds, as a split's does)."""
+    prompt = len(sample.tokens) - sample.response_length
     return [
         i
         for i, (q, a) in enumerate(calls)
-        if sample.tokens[: len(q["input_ids"]) + len(a["output_ids"])] == q["input_ids"] + a["output_ids"]
+        if len(q["input_ids"]) >= prompt
+        and sample.tokens[: len(q["input_ids"]) + len(a["output_ids"])] == q["input_ids"] + a["output_ids"]
     ]
 
 
@@ -180,16 +182,16 @@ class Harness:
         """The paths of the POST requests answered since `seen` answers."""
         return [path for method, path, _ in self.statuses.seen[seen:] if method == "POST"]
 
-    def check_episode(self, session: dict, start: int, answered_from: int) -> list:
-        """Every request answered 2xx, the session sealed, and each stored sample exactly the tokens
-        and log-probs the engine returned for the turns it holds. Returns the samples."""
+    def check_episode(self, session: dict, start: int, answered_from: int, reward: float = 1.0) -> list:
+        """Every request answered 2xx, the session sealed with `reward`, and each stored sample exactly
+        the tokens and log-probs the engine returned for the turns it holds. Returns the samples."""
         refused = [s for s in self.statuses.seen[answered_from:] if s[2] >= 400]
         assert not refused, refused
         calls = engine_calls(self.router.engine_log[start:])
         assert calls, "the program's request never reached the engine"
         r = httpx.post(
             f"{self.router.url}/sessions/{session['session_id']}/finish",
-            json={"reward": 1.0},
+            json={"reward": reward},
             headers=self.router.admin,
         )
         assert r.status_code == 200, r.text

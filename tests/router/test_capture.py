@@ -6,6 +6,8 @@ ending it with eos, as a model that stopped normally would.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from slimeish.router import history as H
@@ -117,6 +119,77 @@ def test_a_conversation_after_a_system_only_turn_is_new_not_a_dropped_reply(rend
     cap = Capture(renderer)
     sample(cap, [SYSTEM], None)
     assert next_turn(cap, [SYSTEM, USER]) == (1, H.NEW_CONVERSATION)
+
+
+SUMMARY = "The user asked for two sums: 1 + 2 and 2 + 2."
+
+
+def compacted(renderer):
+    """An episode whose last turn answered a request for a summary with `SUMMARY`."""
+    cap, hist = episode(renderer)
+    msgs = [*hist, {"role": "user", "content": "Summarize the conversation."}]
+    sample(cap, msgs, None, f"<analysis>Two questions.</analysis>\n<summary>\n{SUMMARY}\n</summary>")
+    return cap
+
+
+def test_compaction_opens_with_the_last_reply_quoted(renderer):
+    # Claude Code's auto-compact: the summary, its analysis left out, opens the new conversation
+    cap = compacted(renderer)
+    opening = {"role": "user", "content": f"This session is being continued.\nSummary:\n{SUMMARY}"}
+    assert next_turn(cap, [SYSTEM, opening, {"role": "user", "content": "go on"}]) == (1, H.COMPACTION)
+    assert next_turn(cap, [{"role": "system", "content": "Another agent."}, opening]) == (1, H.COMPACTION)
+
+
+def test_a_new_task_repeating_what_the_conversation_held_is_no_compaction(renderer):
+    cap = Capture(renderer)
+    task = {"role": "user", "content": "Create a file named hello.txt holding hi."}
+    sample(cap, [SYSTEM, task], None, "Create a file named hello.txt holding hi.")  # the reply echoes its task
+    again = {"role": "user", "content": "Now: Create a file named hello.txt holding hi."}
+    assert next_turn(cap, [SYSTEM, again]) == (1, H.NEW_CONVERSATION)
+
+
+def agent_call(prompt: str) -> dict:
+    arguments = json.dumps({"description": "Count", "prompt": prompt})
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [AGENT_CALL | {"function": {"name": "Agent", "arguments": arguments}}],
+    }
+
+
+AGENT_CALL = {"id": "call_1", "type": "function"}
+SUB_TASK = "Count the lines of notes.txt and report the number."
+SUB_SYSTEM = {"role": "system", "content": "You are a sub-agent."}
+
+
+def waiting_on_an_agent(renderer, prompt=SUB_TASK):
+    """A capture whose conversation's last reply called a sub-agent tool with `prompt`, and its history."""
+    cap = Capture(renderer)
+    plan = cap.plan_chat([SYSTEM, USER], TOOLS, validate_messages)
+    reply = agent_call(prompt)
+    cap.commit(plan, [*renderer.encode("call"), renderer.eos_token_id], reply=reply)
+    return cap, [SYSTEM, USER, reply]
+
+
+def test_a_sub_agent_opens_with_a_tool_call_argument(renderer):
+    cap, _ = waiting_on_an_agent(renderer)
+    task = {"role": "user", "content": f"<reminder>context</reminder>\n{SUB_TASK}"}
+    assert next_turn(cap, [SUB_SYSTEM, task], None) == (1, H.SUB_AGENT)  # its own tools
+    assert next_turn(cap, [SUB_SYSTEM, task], TOOLS) == (1, H.SUB_AGENT)  # the parent's tools
+
+
+def test_a_sub_agent_started_after_its_parent_went_on(renderer):
+    # run in the background, the parent's next turn comes first: the call is in its history
+    cap, hist = waiting_on_an_agent(renderer)
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "launched"}
+    _, committed, _ = sample(cap, [*hist, result], TOOLS, "Waiting.")
+    assert committed.split_reason is None
+    assert next_turn(cap, [SUB_SYSTEM, {"role": "user", "content": SUB_TASK}]) == (1, H.SUB_AGENT)
+
+
+def test_a_short_argument_says_nothing(renderer):
+    cap, _ = waiting_on_an_agent(renderer, "Count it.")
+    assert next_turn(cap, [SUB_SYSTEM, {"role": "user", "content": "Count it."}]) == (1, H.TOOLS_CHANGED)
 
 
 def test_tools_changed(renderer):
