@@ -26,6 +26,7 @@ from slimeish.trainer.trainer import Trainer
 from tests.trainer.trainer_helpers import random_samples
 
 TOLERANCE = 1e-5  # float32 sums in another order (other micro-batch shapes, gathered expert inputs)
+LR = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,18 @@ def moe_model(tmp_path_factory) -> Path:
 
 
 def _config(model: Path, ep: int) -> TrainerConfig:
-    return TrainerConfig(model_path=model, lr=1e-3, micro_batch_tokens=1, expert_model_parallel_size=ep)
+    return TrainerConfig(model_path=model, lr=LR, micro_batch_tokens=1, expert_model_parallel_size=ep)
+
+
+def _assert_same_update(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """Adam's first step is lr * g / (|g| + eps): where a gradient is within float32 summation noise
+    of zero, that noise alone moves the weight anywhere in +-lr (a fresh-clone run had one such
+    element past 1e-5). So every element within 2 lr, and all but a few (0.1 %) within TOLERANCE:
+    a wrong expert, route or gradient sum moves far more than that."""
+    diff = (got - want).abs()
+    assert diff.max().item() <= 2 * LR + TOLERANCE, f"{name}: {diff.max().item():.3g}"
+    off = int((diff > TOLERANCE).sum())
+    assert off <= max(2, diff.numel() // 1000), f"{name}: {off} of {diff.numel()} elements off by > {TOLERANCE}"
 
 
 def _samples():
@@ -89,8 +101,8 @@ def test_two_expert_parallel_ranks_take_the_step_one_rank_takes(moe_model, tmp_p
         for r in ranks:
             assert torch.equal(r["weights"][name], ranks[0]["weights"][name]), name  # gathered alike on both
             assert torch.equal(r["resumed"][name], r["weights"][name]), name  # the checkpoint restores it
-        torch.testing.assert_close(ranks[0]["weights"][name], weight, rtol=0, atol=TOLERANCE, msg=name)
-        torch.testing.assert_close(exported[name], weight, rtol=0, atol=TOLERANCE, msg=name)
+        _assert_same_update(ranks[0]["weights"][name], weight, name)
+        _assert_same_update(exported[name], weight, name)
     with pytest.raises(ValueError, match="saved with --expert-model-parallel-size 2"):
         alone.load(tmp_path / "ckpt")  # each rank's file holds half the experts
 
