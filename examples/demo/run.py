@@ -14,6 +14,7 @@ Steps 1-3 are reused from an earlier run in the same run dir (`--fresh` redoes t
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     cfg = from_namespace(DemoConfig, parser.parse_args(argv))
     t0 = time.monotonic()
     train, eval_, model = prepare(cfg)
-    slimeish.train.run(train_setup(cfg, train, eval_, model))
+    setup = train_setup(cfg, train, eval_, model)
+    if setup.run.checkpoint_to_load() is None:
+        # Nothing to resume (the demo saves at its end): a run interrupted before that left its buffer
+        # in the run dir, holding the group ids this run draws again, so it starts over.
+        shutil.rmtree(setup.run.run_dir, ignore_errors=True)
+    slimeish.train.run(setup)
     summarize(cfg.run_dir / "rl")
     print(f"demo finished in {(time.monotonic() - t0) / 60:.1f} min")
 
