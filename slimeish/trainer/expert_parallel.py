@@ -173,3 +173,16 @@ def expert_parallel_grad_norm(params: list[torch.nn.Parameter]) -> Tensor:
     experts_sq = norm([p.grad for p in params if p.grad is not None and not getattr(p, "allreduce", True)]) ** 2
     dist.all_reduce(experts_sq, group=parallel_state.get_expert_model_parallel_group())
     return (dense**2 + experts_sq).sqrt()
+
+
+def mark_expert_parallel(model: torch.nn.Module, use_gpu: bool) -> None:
+    """Routed experts' weights are this rank's own: `allreduce = False` (Megatron's mark, which its
+    DDP and optimizer read) keeps their gradients off the data-parallel all-reduce. On CPU each MoE
+    layer dispatches tokens over gloo (`HostAllGatherTokenDispatcher`)."""
+    for name, param in model.named_parameters():
+        if is_expert_param(name):
+            param.allreduce = False  # type: ignore[attr-defined]
+    if not use_gpu:
+        for layer in model.decoder.layers:  # type: ignore[union-attr]
+            if hasattr(layer.mlp, "token_dispatcher"):
+                layer.mlp.token_dispatcher.__class__ = HostAllGatherTokenDispatcher  # instance-local, as the router's

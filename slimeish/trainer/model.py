@@ -427,7 +427,9 @@ def build_gpt_model(
         if shape.expert_bias:
             _attach_expert_bias(router, shape.num_experts)
     if expert_parallel > 1:
-        _mark_expert_parallel(model, use_gpu)
+        from slimeish.trainer.expert_parallel import mark_expert_parallel
+
+        mark_expert_parallel(model, use_gpu)
     return model.to(device)
 
 
@@ -435,21 +437,6 @@ def moe_routers(model: torch.nn.Module) -> list[TopKRouter]:
     """Each MoE layer's router, in layer order (dense layers have none)."""
     layers = model.decoder.layers  # type: ignore[union-attr]
     return [layer.mlp.router for layer in layers if hasattr(layer.mlp, "router")]  # type: ignore[union-attr]
-
-
-def _mark_expert_parallel(model: GPTModel, use_gpu: bool) -> None:
-    """Routed experts' weights are this rank's own: `allreduce = False` (Megatron's mark, which its
-    DDP and optimizer read) keeps their gradients off the data-parallel all-reduce. On CPU each MoE
-    layer dispatches tokens over gloo (`HostAllGatherTokenDispatcher`)."""
-    from slimeish.trainer.expert_parallel import HostAllGatherTokenDispatcher, is_expert_param
-
-    for name, param in model.named_parameters():
-        if is_expert_param(name):
-            param.allreduce = False
-    if not use_gpu:
-        for layer in model.decoder.layers:
-            if hasattr(layer.mlp, "token_dispatcher"):
-                layer.mlp.token_dispatcher.__class__ = HostAllGatherTokenDispatcher  # instance-local, as the router's
 
 
 def _attach_expert_bias(router: TopKRouter, num_experts: int) -> None:
