@@ -35,6 +35,7 @@ INSIDE_HOST = "127.0.0.1"  # where the inside end listens: on the sandbox's own 
 CHUNK = 64 * 1024
 HOSTS_NAME = "hosts"  # the sandbox's /etc/hosts, in the bridge's directory
 LOW_PORT_SHIFT = 10000  # a port below 1024 is listened on inside at this much higher
+SCRIPT = str(Path(__file__).resolve())  # this file, run inside as the sandbox's end
 
 
 def inside_port(port: int) -> int:
@@ -74,11 +75,12 @@ async def _splice(
 
 class RouterBridge:
     """The host's end for one command: a Unix socket in its own short directory (socket paths have
-    a length limit) whose connections go to the router at `target`."""
+    a length limit) whose connections go to the router at `target`. The directory is made under
+    `parent` when given (a container's, mounted at `INSIDE_DIR` for its whole life)."""
 
-    def __init__(self, target: tuple[str, int]):
+    def __init__(self, target: tuple[str, int], parent: Path | None = None):
         self.target = target
-        self.dir = Path(tempfile.mkdtemp(prefix="slimeish-net-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="slimeish-net-", dir=parent))
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -117,11 +119,13 @@ class RouterBridge:
         """The sandbox's /etc/hosts: the router's host name is 127.0.0.1 there (an https URL keeps it)."""
         return self.dir / HOSTS_NAME
 
-    def inside_argv(self) -> list[str]:
-        """What to run inside, before the command's own argv: this script as the sandbox's end."""
-        socket_path = f"{INSIDE_DIR}/{SOCKET_NAME}"
+    def inside_argv(
+        self, python: str = sys.executable, script: str = SCRIPT, inside_dir: str = INSIDE_DIR
+    ) -> list[str]:
+        """What to run inside, before the command's own argv: this script (at `script`, run by
+        `python`) as the sandbox's end, the bridge's directory mounted at `inside_dir`."""
         port = str(inside_port(self.target[1]))
-        return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), port, socket_path, "--"]
+        return [python, "-I", "-S", script, port, f"{inside_dir}/{SOCKET_NAME}", "--"]
 
 
 def _to_inside(value: str, router: tuple[str, int]) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from slimeish.common.config import help_field
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slimeish.rollout_functions.harness.docker import DockerProvider
 from slimeish.rollout_functions.harness.episode import EpisodeSpec, InfrastructureFailure, OutcomeKind, run_episode
 from slimeish.rollout_functions.harness.local import LocalProvider
 from slimeish.rollout_functions.harness.pool import WarmPool
@@ -38,7 +39,14 @@ class HarnessConfig:
         help="shell command line of the agent program, run in the sandbox's /app with OPENAI_BASE_URL, "
         "OPENAI_API_KEY (its router session) and SLIMEISH_INSTRUCTION (the task's instruction.md)",
     )
-    sandbox_provider: Literal["local"] = help_field("local", help="where episodes run (docs/harness.md)")
+    sandbox_provider: Literal["local", "docker"] = help_field(
+        "local",
+        help="where episodes run: a directory on this machine (local) or a container of the Docker daemon that "
+        "DOCKER_HOST names (docker); docs/harness.md",
+    )
+    sandbox_image: str | None = help_field(
+        None, help="image of the docker provider's containers (default: the project's base image, made offline)"
+    )
     sandbox_bwrap: Literal["auto", "on", "off"] = help_field(
         "auto", help="confine local sandboxes with bubblewrap: when installed (auto), required (on), or never (off)"
     )
@@ -70,10 +78,11 @@ ROLLOUT_CONFIG = HarnessConfig
 
 
 @functools.cache
-def provider_for(kind: str, root: Path | None, bwrap: Literal["auto", "on", "off"], pool: int) -> SandboxProvider:
+def provider_for(
+    kind: str, root: Path | None, bwrap: Literal["auto", "on", "off"], image: str | None, pool: int
+) -> SandboxProvider:
     """One provider per run (cached): its warm pool and memory watch serve every step."""
-    assert kind == "local", kind  # the flag's choices
-    provider = LocalProvider(root, bwrap)
+    provider: SandboxProvider = DockerProvider(image) if kind == "docker" else LocalProvider(root, bwrap)
     return WarmPool(provider, pool) if pool else provider
 
 
@@ -101,7 +110,9 @@ def router_address(base_url: str) -> tuple[str, int]:
 
 
 async def harness_episode(args: Any, session: Session, sample: Sample) -> Sample:
-    provider = provider_for(args.sandbox_provider, args.sandbox_root, args.sandbox_bwrap, args.sandbox_pool)
+    provider = provider_for(
+        args.sandbox_provider, args.sandbox_root, args.sandbox_bwrap, args.sandbox_image, args.sandbox_pool
+    )
 
     async def model_called() -> bool:
         return await router_sessions().captured_turns(session) > 0
