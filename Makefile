@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	# bubblewrap confines the harness's local sandboxes (docs/harness.md); without it they run unconfined.
 	@command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q bubblewrap; }
 	@command -v bwrap >/dev/null || echo "warning: no bwrap; as root: apt-get install bubblewrap (harness sandboxes)"
+	# docker.io's daemon runs the harness's docker sandboxes (and their tests, which start their own).
+	@command -v dockerd >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q docker.io; }
+	@command -v dockerd >/dev/null || echo "warning: no dockerd; as root: apt-get install docker.io (docker sandboxes)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below pulls the CUDA wheels.

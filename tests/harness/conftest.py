@@ -1,18 +1,56 @@
-"""Fixtures of the harness tests: the example tasks, tasks written per test, and a sandbox lost from outside."""
+"""Fixtures of the harness tests: the example tasks, tasks written per test, the providers (a Docker
+daemon of the tests' own, one per session), and a sandbox lost from outside."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aiodocker
 import pytest
 
+from slimeish.rollout_functions.harness.docker import DockerProvider
+from slimeish.rollout_functions.harness.dockerd import API_VERSION, own_daemon
+from slimeish.rollout_functions.harness.local import LocalProvider
+from slimeish.rollout_functions.harness.sandbox import SandboxProvider
+
 EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "coding_tasks" / "tasks"
+
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"
+)
+needs_docker = pytest.mark.skipif(
+    shutil.which("dockerd") is None or os.geteuid() != 0,
+    reason="the docker provider's tests start their own dockerd: as root, apt-get install docker.io",
+)
+# the providers a test runs over: local with bubblewrap, local without, docker
+PROVIDERS = [pytest.param("on", marks=needs_bwrap), "off", pytest.param("docker", marks=needs_docker)]
+
+
+@pytest.fixture(scope="session")
+def docker_daemon(tmp_path_factory) -> Iterator[str]:
+    """One dockerd for the whole session, its state in a temporary directory; its `unix://` URL."""
+    with own_daemon(tmp_path_factory.mktemp("dockerd")) as url:
+        yield url
+
+
+@pytest.fixture
+def provider_of(request, tmp_path) -> Callable[[str], SandboxProvider]:
+    """`provider_of(kind)`: "docker", or the local provider with bubblewrap "on" or "off"."""
+
+    def make(kind: str) -> SandboxProvider:
+        if kind == "docker":
+            return DockerProvider(url=request.getfixturevalue("docker_daemon"))
+        assert kind in ("on", "off", "auto"), kind
+        return LocalProvider(tmp_path / "sandboxes", kind)  # type: ignore[arg-type]
+
+    return make
 
 
 @pytest.fixture
@@ -73,6 +111,39 @@ def sandbox_lost_when_marked(root: Path, mark: str) -> Iterator[threading.Event]
                 shutil.rmtree(box)
                 for group in groups:
                     os.killpg(group, signal.SIGKILL)
+                done.set()
+                return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def container_lost_when_marked(url: str, mark: str) -> Iterator[threading.Event]:
+    """`sandbox_lost_when_marked` for the docker provider: once a container's /app holds `mark`,
+    remove it (forced: its processes killed), as `docker rm -f` from outside would."""
+    done, stop = threading.Event(), threading.Event()
+
+    async def remove_marked() -> bool:
+        async with aiodocker.Docker(url, api_version=API_VERSION) as docker:
+            for container in await docker.containers.list():
+                process = await container.exec(["test", "-e", f"/app/{mark}"])
+                async with process.start() as stream:
+                    while await stream.read_out() is not None:
+                        pass
+                if (await process.inspect())["ExitCode"] == 0:
+                    await container.delete(force=True)
+                    return True
+        return False
+
+    def watch() -> None:
+        while not stop.wait(0.2):
+            if asyncio.run(remove_marked()):
                 done.set()
                 return
 

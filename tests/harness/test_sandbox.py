@@ -1,4 +1,5 @@
-"""The local provider: isolation under bubblewrap, and a timeout that kills the whole process group."""
+"""The sandbox providers (local with and without bubblewrap, docker): isolation, the network limited
+to the router, a timeout that kills the whole process group, the task's memory."""
 
 from __future__ import annotations
 
@@ -14,12 +15,9 @@ import pytest
 
 from slimeish.rollout_functions.harness.bridge import RouterBridge
 from slimeish.rollout_functions.harness.local import LocalProvider, LocalSandbox, bwrap_argv
-from slimeish.rollout_functions.harness.sandbox import Network, describe_exit
+from slimeish.rollout_functions.harness.sandbox import Network, Sandbox, SandboxProvider, describe_exit
 from slimeish.rollout_functions.harness.tasks import load_task
-
-needs_bwrap = pytest.mark.skipif(
-    shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"
-)
+from tests.harness.conftest import PROVIDERS, needs_bwrap, needs_docker
 
 
 def processes_running(marker: str) -> list[int]:
@@ -42,12 +40,16 @@ async def sandbox(make_task, tmp_path, bwrap: str, **task) -> LocalSandbox:
     return created
 
 
-@pytest.mark.parametrize("bwrap", [pytest.param("on", marks=needs_bwrap), "off"])
-def test_a_timeout_kills_the_whole_process_group(make_task, tmp_path, bwrap):
-    marker = str(random.randrange(10**8, 10**9))  # a sleep no other process runs
+async def any_sandbox(provider: SandboxProvider, make_task, **task) -> Sandbox:
+    return await provider.create(load_task(make_task(**task)))
+
+
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_a_timeout_kills_the_whole_process_group(make_task, provider_of, kind):
+    marker = str(random.randrange(10**8, 10**9))  # a sleep no other process runs (a container's are the host's too)
 
     async def scenario():
-        box = await sandbox(make_task, tmp_path, bwrap, name=f"timeout-{bwrap}")
+        box = await any_sandbox(provider_of(kind), make_task, name=f"timeout-{kind}")
         # a background child, and its own child, outlive the shell unless the group is killed
         command = f"(sleep {marker} &) ; sleep {marker} & echo started; wait"
         result = await box.exec(command, env={}, timeout_s=1.0)
@@ -148,25 +150,45 @@ FETCH = (  # prints each URL's body, or the error connecting to it
 )
 
 
-@needs_bwrap
-def test_without_a_network_a_command_reaches_the_router_and_nothing_else(make_task, tmp_path, http_servers):
-    router, other = http_servers
-    urls = f"http://127.0.0.1:{router}/v1 http://127.0.0.1:{other}/ http://10.255.255.1:80/"
-    (tmp_path / "fetch.py").write_text(FETCH)
+def fetch(provider: SandboxProvider, make_task, tmp_path, urls: str, network: Network, env=None) -> str:
+    """FETCH's output for `urls`, run in a fresh sandbox with `network`."""
+    script = tmp_path / "fetch"
+    script.mkdir(exist_ok=True)
+    (script / "fetch.py").write_text(FETCH)
 
-    async def scenario(network: Network):
-        box = await sandbox(make_task, tmp_path, "on", name=f"net-{network.internet}")
-        shutil.copy(tmp_path / "fetch.py", box.dir / "app")
-        result = await box.exec("python3 fetch.py " + urls, env={}, timeout_s=60, network=network)
+    async def scenario() -> str:
+        box = await any_sandbox(provider, make_task, name=f"net-{network.internet}")
+        await box.upload(script, "/tmp/fetch")
+        result = await box.exec(f"python3 /tmp/fetch/fetch.py {urls}", env=env or {}, timeout_s=60, network=network)
         await box.destroy()
         return result.output
 
-    off = asyncio.run(scenario(Network(router=("127.0.0.1", router))))
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("kind", [pytest.param("on", marks=needs_bwrap), pytest.param("docker", marks=needs_docker)])
+def test_without_a_network_a_command_reaches_the_router_and_nothing_else(
+    make_task, tmp_path, http_servers, provider_of, kind
+):
+    router, other = http_servers
+    urls = f"http://127.0.0.1:{router}/v1 http://127.0.0.1:{other}/ http://10.255.255.1:80/"
+    off = fetch(provider_of(kind), make_task, tmp_path, urls, Network(router=("127.0.0.1", router)))
     assert f"hello from {router}" in off  # the router, through the bridge
     assert f"failed http://127.0.0.1:{other}/" in off and f"hello from {other}" not in off
     assert "failed http://10.255.255.1:80/" in off and "unreachable" in off
-    on = asyncio.run(scenario(Network(internet=True)))
-    assert f"hello from {router}" in on and f"hello from {other}" in on  # the host's network
+
+
+@needs_bwrap
+def test_with_the_internet_a_local_command_has_the_hosts_network(make_task, tmp_path, http_servers, provider_of):
+    router, other = http_servers
+    on = fetch(
+        provider_of("on"),
+        make_task,
+        tmp_path,
+        f"http://127.0.0.1:{router}/ http://127.0.0.1:{other}/",
+        Network(internet=True),
+    )
+    assert f"hello from {router}" in on and f"hello from {other}" in on
 
 
 @needs_bwrap
@@ -234,13 +256,13 @@ async def test_a_router_on_a_low_port_or_https_is_reached_inside_by_a_port_and_n
         assert bridge.inside_env({"A": "https://10.1.2.3:8443/v1"}) == {"A": "https://127.0.0.1:8443/v1"}
 
 
-@pytest.mark.parametrize("bwrap", [pytest.param("on", marks=needs_bwrap), "off"])
-def test_a_command_past_the_tasks_memory_is_killed_and_said_to_be(make_task, tmp_path, bwrap):
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_a_command_past_the_tasks_memory_is_killed_and_said_to_be(make_task, tmp_path, provider_of, kind):
     # 96 MB held (touched, so resident) against a 64 MB limit; under the 2x data-segment backstop
     hog = "python3 -c \"import time; b = b'x' * (96 << 20); print('allocated', flush=True); time.sleep(600)\""
 
     async def scenario():
-        box = await sandbox(make_task, tmp_path, bwrap, name=f"hog-{bwrap}", memory_mb=64)
+        box = await any_sandbox(provider_of(kind), make_task, name=f"hog-{kind}", memory_mb=64)
         small = await box.exec("python3 -c \"b = b'x' * (8 << 20); print('fits')\"", env={}, timeout_s=60)
         big = await box.exec(hog, env={}, timeout_s=300)
         await box.destroy()
@@ -249,7 +271,7 @@ def test_a_command_past_the_tasks_memory_is_killed_and_said_to_be(make_task, tmp
     small, big = asyncio.run(scenario())
     assert (small.exit_code, small.out_of_memory, small.output.strip()) == (0, False, "fits")
     assert big.out_of_memory and not big.timed_out and big.exit_code != 0  # killed allocating, or holding it
-    assert describe_exit(big, load_task(tmp_path / "tasks" / f"hog-{bwrap}")) == (
+    assert describe_exit(big, load_task(tmp_path / "tasks" / f"hog-{kind}")) == (
         "was killed at the task's memory limit (64 MB)"
     )
 
