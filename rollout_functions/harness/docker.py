@@ -108,8 +108,12 @@ class DockerSandbox(Sandbox):
             oom_before = await self._oom_kills()
             leader = f"/run/slimeish-{uuid.uuid4().hex}"
             argv = ["bash", "-c", LEADER, leader, *front, "bash", "-c", command]
-            result = await self._run(argv, OWN_ENV | env, timeout_s, leader)
-        await self._alive(f"a command ran ({result.exit_code=})")
+            try:
+                result = await self._run(argv, OWN_ENV | env, timeout_s, leader)
+            except SandboxError:  # its exec is gone too when the container is: say which was lost
+                await self._alive("a command ran")
+                raise
+        await self._alive(f"a command ran (it exited with {result.exit_code})")
         return ExecResult(
             exit_code=result.exit_code,
             output=result.output,
@@ -175,7 +179,8 @@ class DockerSandbox(Sandbox):
             except aiodocker.DockerError as exc:
                 raise SandboxError(f"the container {self.id[:12]} was removed while {doing}") from exc
         if not state["Running"]:
-            raise SandboxError(f"the container {self.id[:12]} stopped while {doing}: {state['Status']}")
+            fate = "was removed" if state["Status"] in ("removing", "dead") else "stopped"
+            raise SandboxError(f"the container {self.id[:12]} {fate} while {doing} ({state['Status']})")
 
     async def upload(self, src: Path, dest: str) -> None:
         buf = io.BytesIO()

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from slimeish.rollout_functions.harness.docker import DockerProvider
 from slimeish.rollout_functions.harness.episode import (
     EpisodeSpec,
     InfrastructureFailure,
@@ -15,10 +16,10 @@ from slimeish.rollout_functions.harness.episode import (
     run_episode,
 )
 from slimeish.rollout_functions.harness.local import LocalProvider
+from slimeish.rollout_functions.harness.sandbox import SandboxProvider
 from slimeish.rollout_functions.harness.tasks import find_tasks, load_task
 from slimeish.rollout_functions.sessions import EpisodeLost
-from tests.harness.conftest import EXAMPLE_TASKS, sandbox_lost_when_marked
-from tests.harness.test_sandbox import needs_bwrap
+from tests.harness.conftest import EXAMPLE_TASKS, PROVIDERS, container_lost_when_marked, sandbox_lost_when_marked
 
 GRADE_CALC = (  # reward 1 when calc.add adds
     'cd "$APP_DIR"; python3 -c "import calc; assert calc.add(2, 3) == 5" && r=1 || r=0; '
@@ -27,9 +28,16 @@ GRADE_CALC = (  # reward 1 when calc.add adds
 
 
 def episode(
-    tmp_path, task_dir, command: str, *, called: bool = True, timeout_s: float = 60, in_place: bool = False
+    tmp_path,
+    task_dir,
+    command: str,
+    *,
+    called: bool = True,
+    timeout_s: float = 60,
+    in_place: bool = False,
+    provider: SandboxProvider | None = None,
 ) -> Outcome:
-    """Run one episode on the local provider; `called`: whether the session saw a model call."""
+    """Run one episode (on the local provider unless given one); `called`: whether the session saw a model call."""
 
     async def model_called() -> bool:
         return called
@@ -37,7 +45,7 @@ def episode(
     spec = EpisodeSpec(
         task=load_task(task_dir), agent_command=command, env={}, timeout_s=timeout_s, grade_in_place=in_place
     )
-    return asyncio.run(run_episode(LocalProvider(tmp_path / "sandboxes"), spec, model_called))
+    return asyncio.run(run_episode(provider or LocalProvider(tmp_path / "sandboxes"), spec, model_called))
 
 
 def infra(tmp_path, task_dir, command: str, **kw) -> Outcome:
@@ -47,13 +55,14 @@ def infra(tmp_path, task_dir, command: str, **kw) -> Outcome:
     return caught.value.outcome
 
 
-def test_the_reference_solution_scores_1_with_its_patch_and_an_empty_attempt_scores_0(tmp_path):
-    task = EXAMPLE_TASKS / "fix-add-bug"
-    solved = episode(tmp_path, task, f"bash {task}/solution/solve.sh")
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_the_reference_solution_scores_1_with_its_patch_and_an_empty_attempt_scores_0(tmp_path, provider_of, kind):
+    task, provider = EXAMPLE_TASKS / "fix-add-bug", provider_of(kind)
+    solved = episode(tmp_path, task, f"bash {task}/solution/solve.sh", provider=provider)
     assert (solved.kind, solved.reward, solved.agent_exit, solved.grader_exit) == (OutcomeKind.COMPLETED, 1.0, 0, 0)
     assert "-    return a - b\n+    return a + b" in solved.patch
     assert set(solved.timings) == {"sandbox_create_s", "agent_s", "grade_s"}
-    empty = episode(tmp_path, task, "true")
+    empty = episode(tmp_path, task, "true", provider=provider)
     assert (empty.kind, empty.reward, empty.patch) == (OutcomeKind.COMPLETED, 0.0, "")
     assert "AssertionError" in empty.grader_output
 
@@ -65,9 +74,10 @@ def test_every_example_task_scores_1_solved_and_0_untouched(tmp_path, task):
     assert episode(tmp_path, task.path, "true").reward == 0.0
 
 
-def test_an_agent_past_its_timeout_is_killed_and_graded_as_its_own_failure(tmp_path, make_task):
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_an_agent_past_its_timeout_is_killed_and_graded_as_its_own_failure(tmp_path, make_task, provider_of, kind):
     task = make_task("slow", files={"calc.py": "def add(a, b):\n    return a - b\n"}, test_sh=GRADE_CALC)
-    out = episode(tmp_path, task, "sed -i s/-/+/ calc.py; sleep 600", timeout_s=1.0)
+    out = episode(tmp_path, task, "sed -i s/-/+/ calc.py; sleep 600", timeout_s=1.0, provider=provider_of(kind))
     assert out.kind == OutcomeKind.AGENT_TIMEOUT and "agent timeout (1 s)" in out.reason
     assert out.reward == 1.0  # what it left in the workspace is graded: its work counts, as in Harbor
 
@@ -105,17 +115,23 @@ def test_a_broken_sandbox_is_infrastructure(tmp_path, make_task):
     assert lost.kind.infrastructure and lost.agent_exit is None  # the agent never ran
 
 
-@pytest.mark.parametrize("bwrap", [pytest.param("on", marks=needs_bwrap), "off"])
-def test_a_sandbox_removed_from_outside_while_its_agent_runs_is_infrastructure(tmp_path, make_task, bwrap):
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_a_sandbox_removed_from_outside_while_its_agent_runs_is_infrastructure(tmp_path, make_task, provider_of, kind):
     task, root = load_task(make_task("lost")), tmp_path / "sandboxes"
     spec = EpisodeSpec(task=task, agent_command="touch .lose-me; sleep 600", env={}, timeout_s=300)
+    provider = provider_of(kind)
 
     async def model_called() -> bool:  # it talked to the model: only the sandbox's loss makes this infrastructure
         return True
 
-    with sandbox_lost_when_marked(root, ".lose-me") as removed, pytest.raises(InfrastructureFailure) as caught:
-        asyncio.run(run_episode(LocalProvider(root, bwrap), spec, model_called))
-    assert removed.is_set()
+    if isinstance(provider, DockerProvider):
+        assert provider.url is not None
+        lose = container_lost_when_marked(provider.url, ".lose-me")
+    else:
+        lose = sandbox_lost_when_marked(root, ".lose-me")
+    with lose as removed, pytest.raises(InfrastructureFailure) as caught:
+        asyncio.run(run_episode(provider, spec, model_called))
+    assert removed.is_set() and isinstance(caught.value, EpisodeLost)  # regenerated, never trained as reward 0
     lost = caught.value.outcome
     assert lost.kind == OutcomeKind.SANDBOX_FAILED and "was removed while a command ran" in lost.reason
 
