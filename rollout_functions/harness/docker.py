@@ -47,7 +47,6 @@ import aiohttp
 from slimeish.rollout_functions.harness import bridge as bridge_script
 from slimeish.rollout_functions.harness.bridge import HOSTS_NAME, INSIDE_DIR, RouterBridge
 from slimeish.rollout_functions.harness.docker_image import image_archive
-from slimeish.rollout_functions.harness.dockerd import API_VERSION
 from slimeish.rollout_functions.harness.local import OUTPUT_TAIL, PIPE_DRAIN_S
 from slimeish.rollout_functions.harness.sandbox import (
     APP,
@@ -63,6 +62,7 @@ from slimeish.rollout_functions.harness.sandbox import (
 )
 from slimeish.rollout_functions.harness.tasks import Task
 
+API_VERSION = "v1.41"  # dockerd 20.10's (Debian 12's docker.io); later daemons still speak it
 PROJECT = Path(__file__).resolve().parents[2]  # the checkout: its .venv, examples and .cache/agents
 HOST_DIRS = tuple(dict.fromkeys(["/usr", "/etc", str(PROJECT), str(Path(sys.base_prefix).resolve())]))
 OWN_ENV = {"APP_DIR": APP, "TESTS_DIR": TESTS, "LOGS_DIR": LOGS, "TMPDIR": "/tmp", "HOME": "/tmp"}

@@ -15,7 +15,6 @@ As a script it runs one in the foreground and prints the `DOCKER_HOST` to use:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import shutil
 import signal
@@ -23,22 +22,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiodocker
+import httpx
 
 from slimeish.common.procs import ManagedProcess
 
 START_TIMEOUT_S = 120.0
-API_VERSION = "v1.41"  # dockerd 20.10's (Debian 12's docker.io); later daemons still speak it
 
 
-async def answers(url: str) -> bool:
-    """Whether a Docker daemon answers at `url` (a `unix://` or `tcp://` DOCKER_HOST)."""
+def answers(socket_path: Path) -> bool:
+    """Whether a Docker daemon answers on the Unix socket `socket_path` (its `/_ping`)."""
     try:
-        async with aiodocker.Docker(url, api_version=API_VERSION) as docker:
-            await docker.version()
-    except (aiodocker.DockerError, OSError, ValueError):
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), timeout=5.0) as http:
+            return http.get("http://docker/_ping").status_code == 200
+    except httpx.HTTPError:
         return False
-    return True
 
 
 @contextlib.contextmanager
@@ -54,7 +51,7 @@ def own_daemon(directory: Path) -> Iterator[str]:
     argv += ["--pidfile", str(directory / "dockerd.pid"), "--host", url, "--iptables=false", "--bridge=none"]
     with ManagedProcess(argv, log_path=directory / "dockerd.log") as daemon:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not asyncio.run(answers(url)):
+        while not answers(socket_path):
             if daemon.proc.poll() is not None or time.monotonic() > deadline:
                 log = (directory / "dockerd.log").read_text()[-2000:]
                 raise RuntimeError(f"dockerd did not start (see {directory}/dockerd.log):\n{log}")

@@ -15,8 +15,8 @@ from pathlib import Path
 import aiodocker
 import pytest
 
-from slimeish.rollout_functions.harness.docker import DockerProvider
-from slimeish.rollout_functions.harness.dockerd import API_VERSION, own_daemon
+from slimeish.rollout_functions.harness.docker import API_VERSION, DockerProvider
+from slimeish.rollout_functions.harness.dockerd import own_daemon
 from slimeish.rollout_functions.harness.local import LocalProvider
 from slimeish.rollout_functions.harness.sandbox import SandboxProvider
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import aiodocker
 import pytest
 
-from slimeish.rollout_functions.harness.docker import PROJECT, DockerProvider, DockerSandbox
+from slimeish.rollout_functions.harness.docker import API_VERSION, PROJECT, DockerProvider, DockerSandbox
 from slimeish.rollout_functions.harness.docker_image import image_archive
-from slimeish.rollout_functions.harness.dockerd import API_VERSION
 from slimeish.rollout_functions.harness.sandbox import SandboxError
 from slimeish.rollout_functions.harness.tasks import load_task
 from tests.harness.conftest import needs_docker
