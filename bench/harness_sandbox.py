@@ -1,4 +1,4 @@
-"""Local sandbox cost: claim (create) latency cold and from a warm pool, and whole oracle episodes/s at a concurrency.
+"""Sandbox cost per provider: claim (create) latency cold and from a warm pool, and oracle episodes/s at a concurrency.
 
 No model and no router: each episode is `run_episode` on an example task with its reference
 solution as the agent (Harbor's oracle), so what is measured is the sandbox and grading
@@ -7,19 +7,24 @@ claim is taken once the pool (`--sandbox-pool 1`) has rebuilt its sandbox, as be
 last longer than a build. Run by hand:
 
     .venv/bin/python bench/harness_sandbox.py --creates 40 --episodes 32 --concurrency 16
+    .venv/bin/python bench/harness_sandbox.py --provider docker  # as root: DOCKER_HOST's daemon, else one of its own
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Literal
 
+from slimeish.rollout_functions.harness.docker import DockerProvider
+from slimeish.rollout_functions.harness.dockerd import answers, own_daemon
 from slimeish.rollout_functions.harness.episode import EpisodeSpec, run_episode
 from slimeish.rollout_functions.harness.local import LocalProvider
 from slimeish.rollout_functions.harness.pool import WarmPool
@@ -71,26 +76,43 @@ async def episodes(provider: SandboxProvider, n: int, concurrency: int) -> dict[
     return {"episodes_per_s": round(n / elapsed, 2), "create_under_load": percentiles(list(creates))}
 
 
+async def measure(provider: SandboxProvider, args: argparse.Namespace) -> dict[str, object]:
+    result: dict[str, object] = {"claim": await claims(provider, args.creates)}
+    warm = WarmPool(provider, 1)
+    result["claim_warm"] = await claims(warm, args.creates)
+    await warm.drain()
+    result |= await episodes(provider, args.episodes, args.concurrency)
+    pooled = WarmPool(provider, args.pool)
+    result["pooled"] = await episodes(pooled, args.episodes, args.concurrency)
+    await pooled.drain()
+    return result
+
+
+def docker_host(stack: contextlib.ExitStack, root: str) -> str:
+    """DOCKER_HOST's daemon (or the default socket's) when one answers, else a dockerd of our own."""
+    url = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if url.startswith("unix://") and answers(Path(url.removeprefix("unix://"))):
+        return url
+    return stack.enter_context(own_daemon(Path(root) / "dockerd"))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--provider", choices=["local", "docker"], default="local")
     parser.add_argument("--creates", type=int, default=40)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--pool", type=int, default=2, help="warm sandboxes per task in the pooled episodes")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as root, contextlib.ExitStack() as stack:
+        if args.provider == "docker":
+            provider = DockerProvider(url=docker_host(stack, root))
+            print(json.dumps({"provider": "docker"} | await measure(provider, args)), flush=True)
+            return
         modes: tuple[Literal["on"], Literal["off"]] = ("on", "off")
         for bwrap in modes:
-            provider = LocalProvider(Path(root) / bwrap, bwrap)
-            result: dict[str, object] = {"bwrap": bwrap, "claim": await claims(provider, args.creates)}
-            warm = WarmPool(provider, 1)
-            result["claim_warm"] = await claims(warm, args.creates)
-            await warm.drain()
-            result |= await episodes(provider, args.episodes, args.concurrency)
-            pooled = WarmPool(provider, args.pool)
-            result["pooled"] = await episodes(pooled, args.episodes, args.concurrency)
-            await pooled.drain()
-            print(json.dumps(result), flush=True)
+            result = await measure(LocalProvider(Path(root) / bwrap, bwrap), args)
+            print(json.dumps({"bwrap": bwrap} | result), flush=True)
 
 
 if __name__ == "__main__":
