@@ -43,6 +43,7 @@ from pathlib import Path
 
 import aiodocker
 import aiohttp
+from aiodocker.types import JSONValue
 
 from slimeish.rollout_functions.harness import bridge as bridge_script
 from slimeish.rollout_functions.harness.bridge import HOSTS_NAME, INSIDE_DIR, RouterBridge
@@ -167,7 +168,7 @@ class DockerSandbox(Sandbox):
 
     async def _kill(self, leader: str) -> None:
         """Kill the command's whole process group (its session leader's pid is in `leader`)."""
-        await self._quick(["bash", "-c", f'kill -KILL -- -"$(cat {leader})"; rm -f {leader}'])
+        await self._quick(["bash", "-c", 'kill -KILL -- -"$(cat "$0")"; rm -f "$0"', leader])
 
     async def _oom_kills(self) -> int:
         return sum(int(line.split()[1]) for line in (await self._quick(["bash", "-c", OOM_KILLS])).splitlines())
@@ -186,7 +187,7 @@ class DockerSandbox(Sandbox):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(src, arcname=".")
-        result = await self._quick(["bash", "-c", f"rm -rf {dest} && mkdir -p {dest} && echo ok"])
+        result = await self._quick(["bash", "-c", 'rm -rf "$0" && mkdir -p "$0" && echo ok', dest])
         if result.strip() != "ok":
             raise SandboxError(f"could not empty {dest} in the container {self.id[:12]}: {result[-500:]}")
         async with client(self.url) as docker:
@@ -239,7 +240,8 @@ class DockerProvider(SandboxProvider):
         binds = [f"{path}:{path}:ro" for path in self.host_dirs]
         binds += [f"{net_dir}:{INSIDE_DIR}:ro", f"{net_dir / HOSTS_NAME}:/etc/hosts:ro"]
         memory = task.memory_mb * 1024 * 1024
-        host_config = {"NetworkMode": "none", "Init": True, "Binds": binds, "Memory": memory, "MemorySwap": memory}
+        host_config: dict[str, JSONValue] = {"NetworkMode": "none", "Init": True, "Binds": list(binds)}
+        host_config |= {"Memory": memory, "MemorySwap": memory}  # no swap: the kernel kills at the limit
         if task.cpus is not None:
             host_config["NanoCpus"] = int(task.cpus * 1e9)
         try:

@@ -1,9 +1,9 @@
 """The docker provider's base image, made offline from this file alone: no registry, no Dockerfile.
 
-The image is one layer holding only directories: Harbor's `/app`, `/tests`, `/logs`, a `/tmp`, the
-mount points of what a container borrows from the host read-only (`/usr`, `/etc`, the project
-checkout, Python's installation; see docker.py) and merged-/usr's `/bin`, `/lib`, `/lib64`
-symlinks. So bash, coreutils, python3, node and the agent programs under `.cache/agents` are the
+The image is one layer holding only directories: Harbor's `/app`, `/tests`, `/logs`, a `/tmp`,
+`/usr` and `/etc` (where a container borrows the host's read-only; Docker makes the other mount
+points, the project checkout and Python's installation, see docker.py) and merged-/usr's `/bin`,
+`/lib`, `/lib64` symlinks. So bash, coreutils, python3, node and the agent programs under `.cache/agents` are the
 host's own, at the host's paths, without copying gigabytes into a layer; the container's writes
 land in its own layer. `/sbin` is a directory (Docker mounts its init there), `/usr/sbin` on PATH.
 
@@ -22,8 +22,10 @@ import tarfile
 
 REPOSITORY = "slimeish-sandbox"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
-DIRECTORIES = ("app", "tests", "logs", "logs/agent", "logs/verifier", "tmp", "run", "root", "sbin", "var", "etc")
-DIRECTORIES += ("usr", "proc", "dev", "sys", "slimeish-net", "opt", "home", "work")
+DIRECTORIES = (
+    *("app", "tests", "logs", "logs/agent", "logs/verifier", "tmp", "run", "root", "sbin", "var", "etc"),
+    *("usr", "proc", "dev", "sys", "slimeish-net"),
+)
 ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}  # the kernel's names, in OCI's
 SYMLINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
 
