@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import shutil
 import sys
@@ -97,6 +98,15 @@ class DockerSandbox(Sandbox):
     ) -> ExecResult:
         if network.internet:
             raise SandboxError(f"{self.task.name} asks for the internet; the docker provider's containers have none")
+        try:
+            result = await self._command(command, env, timeout_s, network)
+        except SandboxError:  # an API call failed: when the container is gone, say that it was lost
+            await self._alive("a command ran")
+            raise
+        await self._alive(f"a command ran (it exited with {result.exit_code})")
+        return result
+
+    async def _command(self, command: str, env: dict[str, str], timeout_s: float, network: Network) -> ExecResult:
         bridge = RouterBridge(network.router, self.net_dir) if network.router is not None else None
         async with bridge if bridge is not None else contextlib.nullcontext():
             if bridge is not None:
@@ -109,18 +119,8 @@ class DockerSandbox(Sandbox):
             oom_before = await self._oom_kills()
             leader = f"/run/slimeish-{uuid.uuid4().hex}"
             argv = ["bash", "-c", LEADER, leader, *front, "bash", "-c", command]
-            try:
-                result = await self._run(argv, OWN_ENV | env, timeout_s, leader)
-            except SandboxError:  # its exec is gone too when the container is: say which was lost
-                await self._alive("a command ran")
-                raise
-        await self._alive(f"a command ran (it exited with {result.exit_code})")
-        return ExecResult(
-            exit_code=result.exit_code,
-            output=result.output,
-            timed_out=result.timed_out,
-            out_of_memory=await self._oom_kills() > oom_before,
-        )
+            result = await self._run(argv, OWN_ENV | env, timeout_s, leader)
+        return dataclasses.replace(result, out_of_memory=await self._oom_kills() > oom_before)
 
     async def _run(self, argv: list[str], env: dict[str, str], timeout_s: float, leader: str) -> ExecResult:
         async with client(self.url) as docker:

@@ -70,8 +70,9 @@ def test_a_container_can_write_only_itself_and_never_sees_another(make_task, tmp
             "echo mine > /app/mine.txt; cat /app/mine.txt",
             env={}, timeout_s=60,
         )  # fmt: skip
-        # the first's workspace is nowhere in the second: not by path, not by searching the filesystem
-        peeks = await second.exec('cat /app/secret.txt; grep -rl "first\'s" / 2>/dev/null', env={}, timeout_s=120)
+        # the first's file is nowhere in the second: not at its path, not anywhere in its own filesystem
+        # (-xdev: the container's layer, not the host's read-only directories)
+        peeks = await second.exec("cat /app/secret.txt; find / -xdev -name secret.txt", env={}, timeout_s=120)
         firsts = await first.exec("ls /app", env={}, timeout_s=60)
         await asyncio.gather(first.destroy(), second.destroy())
         return writes, peeks, firsts
@@ -81,7 +82,7 @@ def test_a_container_can_write_only_itself_and_never_sees_another(make_task, tmp
     # /etc, /usr and the checkout are the host's, read-only; /root is not the host's at all
     assert writes.output.count("Read-only file system") == 3, writes.output
     assert not host_file.exists() and outside.read_bytes() == before and not Path("/etc/slimeish-probe").exists()
-    assert "first's" not in peeks.output and "No such file" in peeks.output
+    assert peeks.output.splitlines() == ["cat: /app/secret.txt: No such file or directory"]
     assert firsts.output.split() == ["secret.txt"]  # nor does the second's file reach the first
 
 
