@@ -102,6 +102,7 @@ class DecodeView:
     def _grow(self, rows: int, capacity: int) -> None:
         if self.keys and (rows < self.keys[0].shape[0] or capacity < self.capacity):
             self._drop()  # the exact fit is smaller in one dimension: start over, every row gathered anew
+
         # zeros: a slot no sequence wrote is read (masked) as 0 x value, which must not be NaN
         def grown(old: torch.Tensor | None, heads: int, dim: int) -> torch.Tensor:
             buf = torch.zeros(rows, heads, capacity, dim, dtype=self.dtype, device=self.device)
