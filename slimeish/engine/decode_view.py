@@ -66,10 +66,10 @@ class DecodeView:
         for i, key in enumerate(ids):
             self.members[row_of[key]], at_row[row_of[key]] = key, positions[i]
         self.lengths = {key: pos + 1 for key, pos in current.items()}  # after this step's write
-        for buf in (*self.keys, *self.values):
-            if moves:
-                src, dst = (torch.tensor(x, device=self.device) for x in zip(*moves, strict=True))
-                buf.index_copy_(0, dst, buf.index_select(0, src))
+        if moves:
+            src_rows, dst_rows = (torch.tensor(x, device=self.device) for x in zip(*moves, strict=True))
+            for buf in (*self.keys, *self.values):
+                buf.index_copy_(0, dst_rows, buf.index_select(0, src_rows))
         if fresh:
             self._gather([row_of[ids[i]] for i in fresh], [pages[i] for i in fresh],
                          [positions[i] for i in fresh], pool_keys, pool_values)  # fmt: skip
@@ -111,7 +111,9 @@ class DecodeView:
             return buf
 
         (kh, kd), (vh, vd) = self.shapes
-        old_k, old_v = self.keys or [None] * self.n_layers, self.values or [None] * self.n_layers
+        none: list[torch.Tensor | None] = [None] * self.n_layers
+        old_k: list[torch.Tensor | None] = list(self.keys) or none
+        old_v: list[torch.Tensor | None] = list(self.values) or none
         self.keys = [grown(k, kh, kd) for k in old_k]
         self.values = [grown(v, vh, vd) for v in old_v]
         self.capacity = capacity
