@@ -11,8 +11,9 @@ after 28,800 cached tokens took half the time (0.55 s against 1.2 s a layer, one
 
 The split kernel is PyTorch's CPU flash attention, which returns the log-sum-exp. Decode steps
 (their mask is one row per sequence, cheaper than the split's extra small ops: c=1 throughput fell
-~10 % with them split too) keep the additive mask; on CPU they run as two batched matmuls
-(`_masked_cpu`), and every forward on other devices takes Hugging Face's SDPA path.
+~10 % with them split too) keep the additive mask; on CPU they run as two batched matmuls over the
+decode view's rows (`_masked_cpu`, `decode_view`), and every forward on other devices takes
+Hugging Face's SDPA path.
 """
 
 from __future__ import annotations
@@ -80,19 +81,26 @@ def _masked_cpu(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float | None
 ) -> torch.Tensor:
     """Attention with an additive mask `[n, 1, width, kv_len]` as two batched matmuls, the query
-    heads that share a KV head stacked as one query block. `key`/`value` are transposed views of
-    contiguous `[kv_heads, n, kv_len, dim]` gathers (`PagedKV.update`): in that order they are read
-    in place. CPU SDPA took ~3x as long for a decode step's shapes (one query row per sequence, a
-    mask), and its GQA path repeats the keys first."""
+    heads that share a KV head stacked as one query block. `key`/`value` are read where they lie:
+    rows of the decode view (`[n, kv_heads, ...]` underneath) or a page gather's transposed view
+    of `[kv_heads, n, ...]` (`PagedKV.update`); the batch dims are taken in that order, so
+    neither is copied. CPU SDPA took ~3x as long for a decode step's shapes (one query row per
+    sequence, a mask), and its GQA path repeats the keys first."""
     n, heads, width, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups = heads // kv_heads
-    q = query.reshape(n, kv_heads, groups * width, dim).transpose(0, 1)  # [kv_heads, n, groups*width, dim]
-    scores = torch.matmul(q, key.transpose(0, 1).transpose(-1, -2)).float() * (scaling or dim**-0.5)
-    scores = scores.view(kv_heads, n, groups, width, kv_len) + mask.view(1, n, 1, width, kv_len)
-    probs = scores.softmax(-1).to(value.dtype).view(kv_heads, n, groups * width, kv_len)
-    out = torch.matmul(probs, value.transpose(0, 1))  # [kv_heads, n, groups*width, v_dim]
-    return out.transpose(0, 1).reshape(n, heads, width, value.shape[-1]).transpose(1, 2)
+    q = query.reshape(n, kv_heads, groups * width, dim)
+    head_major = n > 1 and key.stride(0) < key.stride(1)
+    if head_major:
+        q, key, value = q.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling or dim**-0.5)
+    a, b = scores.shape[:2]  # (kv_heads, n) or (n, kv_heads)
+    mask = mask.view(1, n, 1, width, kv_len) if head_major else mask.view(n, 1, 1, width, kv_len)
+    probs = (scores.view(a, b, groups, width, kv_len) + mask).softmax(-1).to(value.dtype)
+    out = torch.matmul(probs.view(a, b, groups * width, kv_len), value)  # [a, b, groups*width, v_dim]
+    if head_major:
+        out = out.transpose(0, 1)
+    return out.reshape(n, heads, width, value.shape[-1]).transpose(1, 2)
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

@@ -7,9 +7,11 @@ are ours:
 * `PagedKV` replaces HF's cache: per layer one pool of token slots `[kv_heads, slots, head_dim]`
   (DeepSeek-V3: its MLA latents, see `mla`),
   handed out in pages (`kv_cache.PagePool` keeps the books). A sequence's KV is wherever its page
-  table says; each forward writes the new tokens' K/V into their slots and gathers, per sequence,
-  the pages it attends to (whole pages: one copy per page, not one per token). Memory grows with
-  the tokens actually held, not with rows x context, and pages can be shared (the prefix cache).
+  table says; each forward writes the new tokens' K/V into their slots. A prefill chunk gathers
+  the pages it attends to (whole pages: one copy per page, not one per token); a decode step reads
+  the decode view (`decode_view`), where each decoding sequence's KV stays contiguous from step
+  to step. Memory grows with the tokens actually held, not with rows x context (the view is
+  bounded by `DECODE_VIEW_BYTES`), and pages can be shared (the prefix cache).
 * The attention mask is built here, once per forward, and handed to every layer: a key position is
   visible to a query iff it is at or before the query's own position. It is `[n, 1, queries,
   keys]`: one token per decoding sequence, never a whole prompt squared. A prefill chunk on CPU
@@ -28,12 +30,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slimeish.engine import mla
 from slimeish.engine.attention import ATTN_IMPLEMENTATION, ChunkSpan
+from slimeish.engine.decode_view import DecodeView
 from slimeish.engine.lora import LoraServing
 from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
 
 _SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", *mla.MLA_TYPES)
 # prompt positions per lm-head call when prompt log-probs are asked for (bounds the logits held at once)
 _LOGPROB_CHUNK = 256
+# the most memory the decode view (each decoding sequence's KV kept contiguous) may take beside the pool
+DECODE_VIEW_BYTES = 256 << 20
 
 
 class PagedKV:
@@ -55,29 +60,34 @@ class PagedKV:
         self.keys = [torch.empty(kh, slots, kd, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.empty(vh, slots, vd, dtype=dtype, device=device) for _ in range(n_layers)]
         self.page_size = page_size
+        self.view = DecodeView(n_layers, key_shape, value_shape, dtype, device, page_size, DECODE_VIEW_BYTES)
         self._set_step(torch.zeros(0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long))
 
     def clear(self, slots: torch.Tensor) -> None:
         for buf in (*self.keys, *self.values):
             buf.index_fill_(1, slots, 0)
 
-    def _set_step(self, write: torch.Tensor, read: torch.Tensor) -> None:
+    def _set_step(self, write: torch.Tensor, read: torch.Tensor | int) -> None:
         """`write`: the slot of each new token (`[n * width]`); `read`: per sequence, its page table
-        (`[n, pages]`, padded with any valid page that the mask hides)."""
+        (`[n, pages]`, padded with any valid page that the mask hides), or the positions a decode
+        step reads from the decode view (arranged by the caller: `view.arrange`)."""
         self.write, self.read = write, read
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write this step's K/V (`[n, heads, width, dim]`) and return what each sequence sees,
-        `[n, heads, pages * page_size, dim]` (a transposed view of a contiguous `[heads, n, ...]`
-        gather). `index_copy_`/`index_select` over flat slots and whole pages: an order of
-        magnitude faster on CPU than advanced indexing, and gathering pages copies `page_size`
-        times fewer (and longer) blocks than gathering slots."""
-        return self._step(self.keys[layer_idx], key), self._step(self.values[layer_idx], value)
+        `[n, heads, kv_len, dim]`: rows of the decode view read in place, or else a transposed view
+        of a contiguous `[heads, n, ...]` gather of its pages. `index_copy_`/`index_select` over flat
+        slots and whole pages: an order of magnitude faster on CPU than advanced indexing, and
+        gathering pages copies `page_size` times fewer (and longer) blocks than gathering slots."""
+        return (self._step(self.keys[layer_idx], self.view.keys, layer_idx, key),
+                self._step(self.values[layer_idx], self.view.values, layer_idx, value))  # fmt: skip
 
-    def _step(self, buf: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    def _step(self, buf: torch.Tensor, views: list[torch.Tensor], layer_idx: int, new: torch.Tensor) -> torch.Tensor:
         n, heads, width, dim = new.shape
-        kv_len = self.read.shape[1] * self.page_size
         buf.index_copy_(1, self.write, new.transpose(0, 1).reshape(heads, n * width, dim))
+        if isinstance(self.read, int):
+            return self.view.step(views[layer_idx], new, self.read)
+        kv_len = self.read.shape[1] * self.page_size
         pages = buf.view(heads, -1, self.page_size, dim).index_select(1, self.read.flatten())
         return pages.view(heads, n, kv_len, dim).transpose(0, 1)
 
@@ -141,12 +151,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode_step(
-        self, tokens: list[int], positions: list[int], pages: list[list[int]], adapters: list[str | None]
-    ) -> torch.Tensor:
+        self, tokens: list[int], positions: list[int], pages: list[list[int]], adapters: list[str | None],
+        ids: list[int],
+    ) -> torch.Tensor:  # fmt: skip
         """One token per sequence: `tokens[i]` at `positions[i]`, its KV in `pages[i]`, LoRA adapter
-        `adapters[i]` (None: the base model). Returns the next-token logits (float32), `[n, vocab]`."""
-        with self.lora.rows(adapters):
-            return self._head(self._layers([[t] for t in tokens], positions, pages)[:, 0])
+        `adapters[i]` (None: the base model); `ids[i]` names the sequence for the decode view, never
+        reused for another. Returns the next-token logits (float32), `[n, vocab]`."""
+        assert self.cache is not None, "allocate_kv first"
+        rows = self.cache.view.arrange(ids, positions, pages, self.cache.keys, self.cache.values)
+        if rows is None:  # too big for the view: each layer gathers the pages
+            with self.lora.rows(adapters):
+                return self._head(self._layers([[t] for t in tokens], positions, pages)[:, 0])
+        # the forward runs in the view's row order; the logits come back in the caller's
+        order = sorted(range(len(rows)), key=rows.__getitem__)
+        in_rows = lambda xs: [xs[i] for i in order]  # noqa: E731
+        with self.lora.rows(in_rows(adapters)):
+            hidden = self._layers([[tokens[i]] for i in order], in_rows(positions), in_rows(pages), view=True)
+        return self._head(hidden[:, 0]).index_select(0, torch.tensor(rows, device=self.device))
 
     @torch.inference_mode()
     def prefill(
@@ -162,17 +183,26 @@ class ModelRunner:
         targets = prompt[first : end + 1]
         return self._head(hidden[-1]), self._token_logprobs(hidden[first - 1 - start :], targets)
 
-    def _layers(self, tokens: list[list[int]], starts: list[int], pages: list[list[int]]) -> torch.Tensor:
+    def _layers(
+        self, tokens: list[list[int]], starts: list[int], pages: list[list[int]], view: bool = False
+    ) -> torch.Tensor:
         """The decoder stack's hidden states `[n, width, hidden]` (before the final norm); every
-        `tokens[i]` has the same width (one prompt chunk, or one token per decoding sequence)."""
+        `tokens[i]` has the same width (one prompt chunk, or one token per decoding sequence).
+        `view`: a decode step whose sequences are rows `0 .. n-1` of the decode view, in order."""
         assert self.cache is not None, "allocate_kv first"
         ids = torch.tensor(tokens, device=self.device)
         width = ids.shape[1]
         positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(width, device=self.device)
-        table = self._page_table(pages, max(starts) + width)
-        kv_len = table.shape[1] * self.page_size  # whole pages: the mask hides the positions past each query
-        write = table.gather(1, positions // self.page_size) * self.page_size + positions % self.page_size
-        self.cache._set_step(write.flatten(), table)
+        size = self.page_size
+        if view:
+            kv_len = max(starts) + 1
+            write = torch.tensor([p[s // size] * size + s % size for p, s in zip(pages, starts, strict=True)])
+            self.cache._set_step(write.to(self.device), kv_len)
+        else:
+            table = self._page_table(pages, max(starts) + width)
+            kv_len = table.shape[1] * size  # whole pages: the mask hides the positions past each query
+            write = table.gather(1, positions // size) * size + positions % size
+            self.cache._set_step(write.flatten(), table)
         if self.routes is not None:
             self.routes.write = self.cache.write
         mask: torch.Tensor | ChunkSpan

@@ -17,6 +17,7 @@ pause), so paused requests resume where they were.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
@@ -56,6 +57,7 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     epoch: int = 0  # the prefix cache's epoch when admitted: KV from an older one is never shared
     routed_experts: torch.Tensor | None = None  # at the end, if asked: [kv_len, moe_layers, top_k]
+    uid: int = field(default_factory=itertools.count().__next__)  # never reused: names its decode-view row
 
     @property
     def prefilling(self) -> bool:
@@ -216,7 +218,8 @@ class Scheduler:
         self.runner.clear_pages([page for seq in batch for page in self._take_pages(seq, seq.kv_len + 1)])
         positions = [s.kv_len for s in batch]
         tokens, pages = [s.output_ids[-1] for s in batch], [s.pages for s in batch]
-        logits = self.runner.decode_step(tokens, positions, pages, [s.req.lora_path for s in batch])
+        adapters, uids = [s.req.lora_path for s in batch], [s.uid for s in batch]
+        logits = self.runner.decode_step(tokens, positions, pages, adapters, uids)
         for seq in batch:
             seq.kv_len += 1
         self._append(batch, logits)

@@ -39,8 +39,29 @@ def test_pages_handed_out_in_one_decode_step_are_all_zeroed(tiny_model):
     check_continuous_batch(tiny_model, "cpu", poison=True)
 
 
-def check_continuous_batch(path, device: str, poison: bool = False) -> None:
+def test_decode_view_too_small_falls_back_to_the_page_gather_and_back(tiny_model):
+    """The decode view (each decoding sequence's KV kept as a row across steps) holds the batch
+    only while its padded rows fit its byte budget: here the first steps fit, the longer ones
+    gather from the pool, and after the long sequence leaves the rows are rebuilt; the log-probs
+    match a full forward throughout."""
+    check_continuous_batch(tiny_model, "cpu", view_slots=36)
+
+
+def check_continuous_batch(path, device: str, poison: bool = False, view_slots: int | None = None) -> None:
     sched = make_scheduler(path, device, max_rows=3)
+    view = sched.runner.cache.view if sched.runner.cache is not None else None
+    assert view is not None
+    if view_slots is not None:
+        view.max_bytes = view_slots * view.bytes_per_slot
+    arranged: list[bool] = []  # per decode step: whether the view held the batch (else pages were gathered)
+    arrange = view.arrange
+
+    def counted(*args):
+        rows = arrange(*args)
+        arranged.append(rows is not None)
+        return rows
+
+    setattr(view, "arrange", counted)  # noqa: B010 (mypy refuses assigning to a method)
     if poison:
         cache = sched.runner.cache
         assert cache is not None
@@ -59,6 +80,9 @@ def check_continuous_batch(path, device: str, poison: bool = False) -> None:
         sched.step()
         assert len(sched.running) <= 3
     assert sorted(len(s.output_ids) for s in finished) == sorted(lengths)
+    # with the budget cut: the view first, the gather for the longest batches, the view again at
+    # the end (one sequence left); otherwise the view throughout
+    assert arranged[0] and arranged[-1] and (False in arranged) == (view_slots is not None)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     for seq in finished:
         prompt, ids = seq.req.input_ids, seq.output_ids
