@@ -187,15 +187,20 @@ def fine_tune(model_dir: Path, out_dir: Path, cfg: FineTuneConfig, total: int, b
     return out_dir
 
 
+def is_short_step(step: int, short_steps: int) -> bool:
+    """Whether warm-start step `step` (from 1) trains on short transcripts: all of phase 1, then every
+    other step of phase 2. The full ones teach the copying to look past the long prompt (the tools
+    block), the short ones keep it from being unlearned meanwhile."""
+    return step <= short_steps or (step - short_steps) % 2 == 0
+
+
 def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Path:
     """Fine-tune the HF model in `model_dir` on the sloppy teacher's transcripts and save it to `out_dir`."""
     train, _ = make_splits(task)  # never trains on eval problems, even for the format
     rng = random.Random(cfg.seed)
 
     def batch(tokenizer, step: int):
-        # phase 2 alternates full and short batches: the full ones teach the copying to look past
-        # the long tools block, the short ones keep it from being unlearned meanwhile
-        short = step <= cfg.short_steps or (step - cfg.short_steps) % 2 == 0
+        short = is_short_step(step, cfg.short_steps)
         size, tools = (cfg.short_batch_size, None) if short else (cfg.batch_size, TOOLS)
         problems = [rng.choice(train) for _ in range(size)]
         return make_batch(tokenizer, problems, rng, tools, cfg), "short" if short else "full"
