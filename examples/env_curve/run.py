@@ -52,7 +52,7 @@ class EnvCurveConfig(DemoConfig):
     sft_short_steps: int = help_field(
         500, help="warm-start phase 1: steps on transcripts without reasoning-gym's system prompt (41 tokens, not 240)"
     )
-    sft_steps: int = help_field(100, help="warm-start phase 2: steps alternating full transcripts and short ones")
+    sft_steps: int = help_field(300, help="warm-start phase 2: steps alternating full transcripts and short ones")
     sft_batch_size: int = help_field(48, help="warm-start short transcripts per step (full ones: half as many)")
     sft_lr: float = help_field(4e-3, help="warm-start peak learning rate")
     sft_threads: int = help_field(
