@@ -28,6 +28,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,19 +47,25 @@ from slimeish.common.config import add_dataclass_args, from_namespace, help_fiel
 
 
 @dataclass(kw_only=True)
-class SFTConfig:
+class FineTuneConfig:
+    """The optimizer and run of a warm-start, whatever its transcripts (`fine_tune`)."""
+
+    lr: float = help_field(3e-3, help="peak AdamW learning rate (linear warm-up, cosine decay over all steps)")
+    warmup_steps: int = help_field(20, help="linear warm-up steps")
+    seed: int = help_field(0, help="seed for the teacher's choices and data order")
+    threads: int = help_field(2, help="torch CPU threads")
+
+
+@dataclass(kw_only=True)
+class SFTConfig(FineTuneConfig):
     short_steps: int = help_field(500, help="phase 1 steps on transcripts without the tools block")
     short_batch_size: int = help_field(64, help="phase 1 transcripts per step")
     steps: int = help_field(500, help="phase 2 steps, every other one on full transcripts (as the router renders)")
     batch_size: int = help_field(8, help="phase 2 transcripts per step")
-    lr: float = help_field(3e-3, help="peak AdamW learning rate (linear warm-up, cosine decay over both phases)")
-    warmup_steps: int = help_field(20, help="linear warm-up steps")
     teacher_right: float = help_field(0.2, help="how often a transcript calls the right tool")
     teacher_inverse: float = help_field(
         0.5, help="how often it calls the inverse operation's tool (add<->sub, mul<->div); the rest is split evenly"
     )
-    seed: int = help_field(0, help="seed for the teacher's tool choice and data order")
-    threads: int = help_field(2, help="torch CPU threads")
 
 
 def episode_messages(problem: Problem, tool: str) -> list[dict[str, Any]]:
@@ -123,10 +130,17 @@ def teacher_tool(problem: Problem, rng: random.Random, cfg: SFTConfig) -> str:
 
 
 def make_batch(tokenizer, problems: list[Problem], rng: random.Random, tools: list | None, cfg: SFTConfig):
-    """(input_ids, labels, attention_mask) for one step, right-padded."""
+    """(input_ids, labels, attention_mask) for one step of the demo's transcripts."""
+    return collate(
+        tokenizer,
+        [render_with_mask(tokenizer, episode_messages(p, teacher_tool(p, rng, cfg)), tools) for p in problems],
+    )
+
+
+def collate(tokenizer, rows: list[tuple[list[int], list[int]]]):
+    """(input_ids, labels, attention_mask) of (ids, mask) rows, right-padded; labels only where mask is 1."""
     import torch
 
-    rows = [render_with_mask(tokenizer, episode_messages(p, teacher_tool(p, rng, cfg)), tools) for p in problems]
     width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.full((len(rows), width), pad)
@@ -139,8 +153,12 @@ def make_batch(tokenizer, problems: list[Problem], rng: random.Random, tools: li
     return input_ids, labels, attention
 
 
-def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Path:
-    """Fine-tune the HF model in `model_dir` on format transcripts and save it to `out_dir`."""
+# one step's batch: (tokenizer, step from 1) -> ((input_ids, labels, attention_mask), what it holds, for the log)
+BatchFn = Callable[[Any, int], tuple[tuple[Any, Any, Any], str]]
+
+
+def fine_tune(model_dir: Path, out_dir: Path, cfg: FineTuneConfig, total: int, batch: BatchFn) -> Path:
+    """Fine-tune the HF model in `model_dir` for `total` steps on `batch`'s transcripts; save it to `out_dir`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
@@ -148,19 +166,12 @@ def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Pat
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    train, _ = make_splits(task)  # never trains on eval problems, even for the format
-    rng = random.Random(cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    total = cfg.short_steps + cfg.steps
     schedule = get_cosine_schedule_with_warmup(optimizer, cfg.warmup_steps, total)
     model.train()
     start = time.monotonic()
     for step in range(1, total + 1):
-        # phase 2 alternates full and short batches: the full ones teach the copying to look past
-        # the long tools block, the short ones keep it from being unlearned meanwhile
-        short = step <= cfg.short_steps or (step - cfg.short_steps) % 2 == 0
-        size, tools = (cfg.short_batch_size, None) if short else (cfg.batch_size, TOOLS)
-        input_ids, labels, attention = make_batch(tokenizer, [rng.choice(train) for _ in range(size)], rng, tools, cfg)
+        (input_ids, labels, attention), kind = batch(tokenizer, step)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -168,13 +179,33 @@ def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Pat
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 25 == 0 or step == total:
-            phase = "short" if short else "full"
             print(
-                f"[warm-start sft] step {step}/{total} ({phase}) loss {loss.item():.4f} {time.monotonic() - start:.0f}s"
+                f"[warm-start sft] step {step}/{total} ({kind}) loss {loss.item():.4f} {time.monotonic() - start:.0f}s"
             )
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def is_short_step(step: int, short_steps: int) -> bool:
+    """Whether warm-start step `step` (from 1) trains on short transcripts: all of phase 1, then every
+    other step of phase 2. The full ones teach the copying to look past the long prompt (the tools
+    block), the short ones keep it from being unlearned meanwhile."""
+    return step <= short_steps or (step - short_steps) % 2 == 0
+
+
+def sft(model_dir: Path, out_dir: Path, cfg: SFTConfig, task: TaskConfig) -> Path:
+    """Fine-tune the HF model in `model_dir` on the sloppy teacher's transcripts and save it to `out_dir`."""
+    train, _ = make_splits(task)  # never trains on eval problems, even for the format
+    rng = random.Random(cfg.seed)
+
+    def batch(tokenizer, step: int):
+        short = is_short_step(step, cfg.short_steps)
+        size, tools = (cfg.short_batch_size, None) if short else (cfg.batch_size, TOOLS)
+        problems = [rng.choice(train) for _ in range(size)]
+        return make_batch(tokenizer, problems, rng, tools, cfg), "short" if short else "full"
+
+    return fine_tune(model_dir, out_dir, cfg, cfg.short_steps + cfg.steps, batch)
 
 
 def main(argv: list[str] | None = None) -> None:

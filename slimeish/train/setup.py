@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -402,4 +403,6 @@ def _flag_args(name: str, value: Any) -> list[str]:
         return [flag if value else "--no-" + name.replace("_", "-")]
     if isinstance(value, list):
         return [flag, *map(str, value)] if value else []
+    if isinstance(value, dict):  # a JSON-object flag (`--env-args`), read back with json.loads
+        return [flag, json.dumps(value)]
     return [flag, str(value)]
