@@ -1,8 +1,9 @@
-"""CPU per request of the router's engine hop: aiohttp's client (what `router/engine_http.py` uses)
-against a bare asyncio protocol with httptools' response parser (the least any Python client can
-spend: one write, one parse), both on uvloop, to the same uvicorn stand-in answering a fixed
-/generate reply over loopback. The client process's own CPU time (user + system) per request,
-16 requests in flight, each client measured `--rounds` times in turn. Run by hand:
+"""CPU per request of the router's engine hop: aiohttp's client (the router's for /generate until
+`router/generate_client.py`) against a bare asyncio protocol with httptools' response parser (the
+least any Python client can spend: one write, one parse), both on uvloop, to the same uvicorn
+stand-in answering a fixed /generate reply over loopback. The client process's own CPU time
+(user + system) per request, 16 requests in flight, each client measured `--rounds` times in
+turn. Run by hand:
   .venv/bin/python bench/engine_hop_cpu.py
 """
 

@@ -34,13 +34,16 @@ import orjson
 from slimeish.router.engine_api import Answer, GenerateReply
 from slimeish.router.engine_http import (
     CONNECT_TIMEOUT,
+    GENERATE_ERRORS,
     HTTP_ERRORS,
+    IDLE_CONNECTION_S,
     JSON,
     EngineError,
     EngineFailedMidStream,
     Item,
     Reader,
     dropped,
+    generate_client,
     read_chunks,
     read_whole,
     unreachable,
@@ -73,12 +76,15 @@ class EnginePool:
         retries: int = 2,
         check_timeout: float = 5.0,
         failure_threshold: int = 3,
+        idle_s: float = IDLE_CONNECTION_S,
     ):
-        self.client = client
+        self.client = client  # the engines' other calls
+        self.generating = generate_client(idle_s)  # /generate's connections, owned by the pool
         self.timeout = timeout
         self._check_timeout = aiohttp.ClientTimeout(total=check_timeout)
         self.failure_threshold = failure_threshold  # failed checks in a row that eject a reachable engine
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(timeout, CONNECT_TIMEOUT), sock_read=timeout)
+        self._connect_timeout = min(timeout, CONNECT_TIMEOUT)
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout, sock_read=timeout)
         self.retries = retries  # other engines tried after one cannot be reached
         self.engines: dict[str, Engine] = {}
         self.updates: dict[str | None, WeightUpdate] = {}  # the last update of the base (None) and of each adapter
@@ -101,6 +107,10 @@ class EnginePool:
             self.remove(engine.url)
             raise ValueError(engine.refused)
         return engine
+
+    def close(self) -> None:
+        """Close the idle /generate connections (the router stops)."""
+        self.generating.close()
 
     def remove(self, url: str) -> None:
         if self.engines.pop(url.rstrip("/"), None) is None:
@@ -153,15 +163,15 @@ class EnginePool:
             engine.inflight += 1
             started = False
             try:
-                async with self.client.post(
-                    engine.url + "/generate", data=body, headers=JSON, timeout=self._timeout
+                async with self.generating.post(
+                    engine.url, "/generate", body, self._connect_timeout, self.timeout
                 ) as response:
                     async with contextlib.aclosing(read(engine, response)) as items:
                         async for item in items:
                             started = True
                             yield item, engine
                     return
-            except HTTP_ERRORS as e:
+            except GENERATE_ERRORS as e:
                 if started:
                     raise EngineFailedMidStream(f"engine {engine.url} failed mid-stream: {e!r}") from e
                 if not unreachable(e):

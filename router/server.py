@@ -108,6 +108,7 @@ def create_app(config: RouterConfig, store: TurnStore | None = None, freeze_gc: 
                 yield
             finally:
                 health.cancel()
+                state.pool.close()
                 await state.store.close()
 
     # Wherever it is served (a test's server, an embedding program), what the router logs is masked.

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from slimeish.common.procs import free_port
-from slimeish.router.engine_http import IDLE_CONNECTION_S, EngineError, EngineRejected, engine_client, unreachable
+from slimeish.router.engine_http import IDLE_CONNECTION_S, EngineError, EngineRejected
 from slimeish.router.engine_pool import EnginePool, NoEngineError
 from slimeish.router.engines import refused_by_all
 
@@ -82,12 +82,9 @@ async def engines():
 @pytest.fixture
 async def pool(engines):
     async with aiohttp.ClientSession() as client:
-        yield EnginePool(client, [engines.url(n) for n in "abc"], timeout=TIMEOUT, check_timeout=TIMEOUT)
-
-
-def test_connect_timeouts_are_retried_elsewhere_read_timeouts_are_not():
-    assert unreachable(aiohttp.ConnectionTimeoutError()) and unreachable(aiohttp.ServerDisconnectedError())
-    assert not unreachable(aiohttp.SocketTimeoutError()) and not unreachable(TimeoutError())
+        pool = EnginePool(client, [engines.url(n) for n in "abc"], timeout=TIMEOUT, check_timeout=TIMEOUT)
+        yield pool
+        pool.close()
 
 
 async def test_sticky_then_least_loaded(engines, pool):
@@ -184,6 +181,37 @@ async def test_a_stream_line_longer_than_aiohttps_line_limit_arrives_whole(engin
     assert [chunk async for chunk, _ in pool.stream({"input_ids": [1]}, sticky=None)] == [big]
 
 
+async def test_an_answer_cut_short_fails_only_that_request(engines, pool):
+    """The engine read the request and died mid-answer: a 502, not retried (it may have run)."""
+
+    async def cut(name: str, request: web.Request) -> web.StreamResponse:
+        engines.calls.append(name)
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        response.content_length = 100
+        await response.prepare(request)
+        await response.write(b'{"text": "')
+        request.transport.close()
+        return response
+
+    engines.handle = cut
+    with pytest.raises(EngineError) as e:
+        await pool.generate({"input_ids": [1]}, sticky=engines.url("a"))
+    assert e.value.status == 502 and engines.calls == ["a"] and pool.engines[engines.url("a")].healthy
+
+
+async def test_a_connection_the_engine_closes_is_not_reused(engines, pool):
+    ports: list[int] = []
+
+    async def close_after(name: str, request: web.Request) -> web.Response:
+        ports.append(request.transport.get_extra_info("peername")[1])
+        return web.json_response(OK, headers={"connection": "close"})
+
+    engines.handle = close_after
+    for _ in range(2):
+        assert (await pool.generate({"input_ids": [1]}, sticky=engines.url("a")))[0] == OK
+    assert len(set(ports)) == 2 and pool.engines[engines.url("a")].healthy
+
+
 async def test_retries_are_capped(engines, pool):
     for name in "abc":
         await engines.set(name, "down")
@@ -275,11 +303,12 @@ async def test_idle_connections_are_dropped_before_sglang_closes_them():
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        async with engine_client(idle_s=0.3) as client:
-            pool = EnginePool(client, [f"http://127.0.0.1:{port}"], timeout=TIMEOUT)
+        async with aiohttp.ClientSession() as client:
+            pool = EnginePool(client, [f"http://127.0.0.1:{port}"], timeout=TIMEOUT, idle_s=0.3)
             for pause in (0.0, 0.1, 0.6):
                 await asyncio.sleep(pause)
                 await pool.generate({"input_ids": [1]}, None)
+            pool.close()
     finally:
         await runner.cleanup()
     first, reused, after_idle = client_ports
