@@ -105,6 +105,25 @@ def test_the_adapter_sync_serves_the_expert_adapters_unmerged(engine_factory, qw
     assert max_log_prob_gap(trained, base) > 1e-3  # the engine's base model is untouched
 
 
+@pytest.mark.parametrize("arch", ["glm4_moe", "deepseek_v3"])
+def test_glm_and_deepseek_attention_and_expert_adapters_load_with_peft(tiny_model_factory, arch, tmp_path):
+    """The targets PEFT 0.21 can express on these models (docs/trainer.md, LoRA: not their dense MLP
+    or shared experts, whose gate/up/down_proj it takes for the fused experts)."""
+    from peft import PeftModel
+
+    model_dir = tiny_model_factory(arch)
+    trainer = lora_moe_trainer(model_dir, lora_target_modules=["linear_qkv", "linear_proj", *EXPERT_TARGETS])
+    out = trainer.export_peft(tmp_path / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    samples = random_samples(1, 3, seed=8)
+    base_lps = hf_log_probs(base, samples)
+    peft_model = PeftModel.from_pretrained(base, out).eval()
+    ours = trainer.compute_log_probs(samples)
+    for lp, ref, base_lp in zip(ours, hf_log_probs(peft_model, samples), base_lps, strict=True):
+        torch.testing.assert_close(torch.tensor(lp), ref, rtol=0, atol=1e-4)
+        assert not torch.allclose(torch.tensor(lp), base_lp, atol=1e-3)
+
+
 def test_glm_shared_experts_and_dense_layer_get_adapters_and_the_engine_matches(
     engine_factory, tiny_model_factory, tmp_path
 ):
