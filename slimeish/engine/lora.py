@@ -4,7 +4,10 @@ An adapter is a PEFT adapter directory (`adapter_config.json` + `adapter_model.s
 `Trainer.export_peft` and `PeftModel.save_pretrained` write it). Its A and B stay apart from the
 base weights: a forward hook on each adapted `nn.Linear` adds `scale * (x @ A^T) @ B^T` to the
 rows whose sequence uses that adapter, so one batch mixes the base model and several adapters,
-and loading or swapping an adapter never touches the base weights.
+and loading or swapping an adapter never touches the base weights. A Mixture-of-Experts layer's
+routed experts are 3-D parameters of one module (PEFT's `target_parameters`,
+slimeish.common.peft_experts): the experts module's forward runs the rows that use an adapter
+through `moe.experts_with_lora`, each expert's delta added inside its MLP, and the others as before.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from slimeish.common import peft_experts
+from slimeish.engine.moe import ExpertLora, experts_with_lora
+
 _PREFIX = "base_model.model."  # PEFT's keys name modules under its wrapper
 
 
@@ -28,6 +34,7 @@ class LoraAdapter:
     path: str
     scale: float
     modules: dict[str, tuple[Tensor, Tensor]]  # HF module name -> (A [r, in], B [out, r])
+    experts: dict[str, ExpertLora]  # HF experts module name -> its fused parameters' per-expert (A, B)
 
 
 def read_peft_adapter(name: str, path: str, model: nn.Module) -> LoraAdapter:
@@ -41,11 +48,19 @@ def read_peft_adapter(name: str, path: str, model: nn.Module) -> LoraAdapter:
         raise ValueError(f"{path}: only plain LoRA adapters are served (no DoRA, no trained biases)")
     rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
     scale = alpha / (rank**0.5 if cfg.get("use_rslora") else rank)
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     pairs: dict[str, dict[str, Tensor]] = {}
     for key, tensor in load_file(str(weights_file)).items():
         module, _, part = key.removeprefix(_PREFIX).rpartition(".lora_")
         pairs.setdefault(module, {})[part.removesuffix(".weight")] = tensor
+    experts = _read_experts(path, pairs, peft_experts.targeted_params(cfg.get("target_parameters") or []), model, rank)
+    modules = _read_linears(path, pairs, model, rank)
+    if not modules and not experts:
+        raise ValueError(f"{path}: the adapter holds no LoRA weights")
+    return LoraAdapter(name, str(path), scale, modules, experts)
+
+
+def _read_linears(path: str, pairs: dict[str, dict[str, Tensor]], model: nn.Module, rank: int) -> dict:
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     modules = {}
     for module, ab in pairs.items():
         linear = linears.get(module)
@@ -57,9 +72,26 @@ def read_peft_adapter(name: str, path: str, model: nn.Module) -> LoraAdapter:
             raise ValueError(f"{path}: {module} {shapes} do not fit r={rank} and the layer")
         weight = linear.weight
         modules[module] = (a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype))
-    if not modules:
-        raise ValueError(f"{path}: the adapter holds no LoRA weights")
-    return LoraAdapter(name, str(path), scale, modules)
+    return modules
+
+
+def _read_experts(path: str, pairs: dict[str, dict[str, Tensor]], targeted: list[str], model: nn.Module, rank: int):
+    """The fused experts' adapters, taken out of `pairs` (PEFT's key paths for `targeted` parameters)."""
+    found: dict[str, ExpertLora] = {}
+    paths = peft_experts.key_paths(targeted)
+    for name, module in model.named_modules():
+        for param, rel in paths.items():
+            ab = pairs.pop(".".join(filter(None, [name, rel])), None) if hasattr(module, param) else None
+            if ab is None:
+                continue
+            fused = getattr(module, param)
+            experts, out_features, in_features = fused.shape
+            shapes = {k: tuple(t.shape) for k, t in ab.items()}
+            if shapes != {"A": (experts * rank, in_features), "B": (out_features, rank * experts)}:
+                raise ValueError(f"{path}: {name}.{param}'s lora_A/lora_B do not fit r={rank} and {experts} experts")
+            a, b = peft_experts.from_peft(ab["A"], ab["B"], experts)
+            found.setdefault(name, {})[param] = (a.to(fused.device, fused.dtype), b.to(fused.device, fused.dtype))
+    return found
 
 
 class LoraServing:
@@ -83,9 +115,13 @@ class LoraServing:
         """Serve `adapter` (replacing one of its name: the next forward uses the new weights) at weight
         `version` (None: one more than its name's last, 0 for a new name); returns the version. Call
         it between forwards (the engine's event loop), as it may add hooks."""
-        linears = dict(self.model.named_modules())
+        modules = dict(self.model.named_modules())
         for module in adapter.modules.keys() - self._hooked:
-            linears[module].register_forward_hook(self._hook(module))
+            modules[module].register_forward_hook(self._hook(module))
+            self._hooked.add(module)
+        for module in adapter.experts.keys() - self._hooked:
+            experts = modules[module]
+            experts.forward = self._experts_forward(module, experts, experts.forward)  # instance-local
             self._hooked.add(module)
         self.adapters[adapter.name] = adapter
         self.versions[adapter.name] = self.versions.get(adapter.name, -1) + 1 if version is None else version
@@ -111,6 +147,32 @@ class LoraServing:
         finally:
             self._rows = []
 
+    def _adapter(self, name: str) -> LoraAdapter:
+        return self.adapters.get(name) or self._retiring[name]
+
+    def _experts_forward(self, module: str, experts: nn.Module, base_forward):
+        """The experts module's forward: each adapter's rows (and the base rows) run apart, the
+        adapter's delta inside every expert's MLP. The flattened tokens are the batch's rows in order."""
+
+        def forward(x: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+            if not self._rows:
+                return base_forward(x, top_k_index, top_k_weights)
+            width = x.shape[0] // len(self._rows)
+            out = torch.empty_like(x)
+            for name in set(self._rows):
+                lora = None if name is None else self._adapter(name)
+                rows = [i for i, r in enumerate(self._rows) if r == name]
+                tok = torch.tensor(rows, device=x.device)[:, None] * width + torch.arange(width, device=x.device)
+                tok = tok.flatten()
+                args = (x.index_select(0, tok), top_k_index.index_select(0, tok), top_k_weights.index_select(0, tok))
+                if lora is None or module not in lora.experts:
+                    out.index_copy_(0, tok, base_forward(*args))
+                else:
+                    out.index_copy_(0, tok, experts_with_lora(experts, *args, lora.experts[module], lora.scale))
+            return out
+
+        return forward
+
     def _hook(self, module: str):
         def add_lora(_: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> Tensor:
             if not self._rows:
@@ -118,7 +180,7 @@ class LoraServing:
             x = args[0]
             for name in set(self._rows) - {None}:
                 assert name is not None
-                adapter = self.adapters.get(name) or self._retiring[name]
+                adapter = self._adapter(name)
                 pair = adapter.modules.get(module)
                 if pair is None:
                     continue

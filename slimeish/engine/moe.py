@@ -12,6 +12,9 @@ layers, GLM-4.5's and DeepSeek-V3's first, have none) and
 writes the top-k expert ids of every token it runs into a per-KV-slot table, next to the token's
 K/V: a prefix-cache hit then brings back the routing the cached tokens had when they were run,
 as SGLang's capturer does.
+
+`experts_with_lora` runs the experts as transformers' eager forward does, with a LoRA adapter's
+per-expert delta added to each expert's gate/up and down projections (unmerged).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 _EXPERT_NAME = re.compile(r"^(?P<prefix>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
@@ -38,6 +42,35 @@ def expert_target(name: str, params: dict[str, Tensor]) -> Tensor | None:
         return None
     gate, up = fused[e].chunk(2)  # HF's fused layout: [gate; up] rows
     return gate if proj == "gate_proj" else up
+
+
+# A fused parameter's name (`gate_up_proj`, `down_proj`) -> per-expert A `[E, r, in]`, B `[E, out, r]`
+ExpertLora = dict[str, tuple[Tensor, Tensor]]
+
+
+def experts_with_lora(
+    experts: torch.nn.Module, x: Tensor, top_k_index: Tensor, top_k_weights: Tensor, lora: ExpertLora, scale: float
+) -> Tensor:
+    """transformers' experts forward on `x` `[n, hidden]` (top-k experts and weights per token) with
+    `scale * B_e A_e` added to expert e's targeted projections, as the trainer's adapters add it."""
+    weights: dict[str, Tensor] = {p: getattr(experts, p) for p in ("gate_up_proj", "down_proj")}
+
+    def project(h: Tensor, param: str, e: int) -> Tensor:
+        out = F.linear(h, weights[param][e])
+        if param in lora:
+            a, b = lora[param]
+            out = out + F.linear(F.linear(h, a[e]), b[e]) * scale
+        return out
+
+    final = torch.zeros_like(x)
+    for e in top_k_index.unique().tolist():
+        if e >= weights["down_proj"].shape[0]:  # transformers' "no expert" index
+            continue
+        tok, k = torch.where(top_k_index == e)
+        gate, up = project(x[tok], "gate_up_proj", e).chunk(2, dim=-1)
+        out = project(experts.act_fn(gate) * up, "down_proj", e) * top_k_weights[tok, k, None]
+        final.index_add_(0, tok, out.to(final.dtype))
+    return final
 
 
 def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:

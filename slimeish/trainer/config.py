@@ -6,7 +6,7 @@ so each becomes its own flag group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -15,15 +15,22 @@ from slimeish.common.config import help_field
 # The default name a LoRA run's adapter is served under on the engines (requests give it as
 # `lora_path`); runs sharing engines each take their own (--lora-name).
 LORA_ADAPTER_NAME = "policy"
-# Megatron's linear layers a LoRA adapter can wrap (slimeish.trainer.lora says how each is split).
-LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-# The Hugging Face modules each stands for (PEFT's target_modules).
+# The Hugging Face modules each Megatron linear layer a LoRA adapter can wrap stands for (PEFT's
+# target_modules; slimeish.trainer.lora says how each is split). `linear_fc1`/`linear_fc2` are the
+# dense MLPs, and an MoE layer's shared experts.
 LORA_HF_MODULES = {
     "linear_qkv": ("q_proj", "k_proj", "v_proj"),
     "linear_proj": ("o_proj",),
     "linear_fc1": ("gate_proj", "up_proj"),
     "linear_fc2": ("down_proj",),
 }
+# An MoE layer's routed experts' linear layers, and the fused HF parameter each stands for (PEFT's
+# target_parameters: transformers holds a layer's experts as 3-D parameters, slimeish.common.peft_experts).
+LORA_HF_EXPERT_PARAMS = {
+    "experts.linear_fc1": "mlp.experts.gate_up_proj",
+    "experts.linear_fc2": "mlp.experts.down_proj",
+}
+LORA_TARGETS = (*LORA_HF_MODULES, *LORA_HF_EXPERT_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,14 @@ class LoraSpec:
         return self.alpha / self.rank
 
     def hf_target_modules(self) -> list[str]:
-        return [m for t in self.targets for m in LORA_HF_MODULES[t]]
+        return [m for t in self.targets if t in LORA_HF_MODULES for m in LORA_HF_MODULES[t]]
+
+    def hf_target_parameters(self) -> list[str]:
+        return [LORA_HF_EXPERT_PARAMS[t] for t in self.targets if t in LORA_HF_EXPERT_PARAMS]
+
+    def for_model(self, moe: bool) -> LoraSpec:
+        """The targets a model has: a dense model has no routed experts."""
+        return self if moe else replace(self, targets=tuple(t for t in self.targets if t in LORA_HF_MODULES))
 
 
 @dataclass(kw_only=True)
@@ -253,7 +267,9 @@ class TrainerConfig:
     lora_target_modules: list[str] = help_field(
         list(LORA_TARGETS),
         help="Megatron layers that get adapters: linear_qkv (attention q/k/v), linear_proj (attention output), "
-        "linear_fc1 (MLP gate/up), linear_fc2 (MLP down); dense models only",
+        "linear_fc1 (MLP gate/up: dense layers' and MoE shared experts'), linear_fc2 (their down), "
+        "experts.linear_fc1 (each routed expert's gate/up), experts.linear_fc2 (its down); a dense model has no "
+        "experts.* layers",
     )
     custom_megatron_init_path: str | None = help_field(
         None, help="slime's hook run once the process group is up, before the model is built: def init(args) -> None"

@@ -11,14 +11,21 @@ Megatron's own kernels stay as they are. Tensor parallel follows the base weight
 * row-parallel (`linear_proj`, `linear_fc2`: input split): A `[r, in / tp]` is split like W's
   columns, B `[out, r]` is replicated. `A x` is a partial sum over ranks: all-reduced before B.
 
+An MoE layer's routed experts are Megatron MLPs of their own (`experts.local_experts.E.linear_fc1`):
+`experts.linear_fc1` / `experts.linear_fc2` give each of them an adapter like the above, split over
+the expert tensor-parallel group (the linear's own `tp_group`) and, under expert parallel, held by
+the rank that holds the expert (its gradient reduced as the expert's, `allreduce = False`).
+
 At init B is zero (the model is the base model); A is Kaiming-uniform as PEFT's, drawn on the
-full shape from a seeded generator and then cut, so every tensor-parallel degree starts alike.
+full shape from a generator seeded by the run's seed and the layer's whole-model name, then cut,
+so every tensor- and expert-parallel degree starts alike.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,22 +33,26 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from slimeish.trainer.config import LORA_HF_MODULES, LoraSpec
+from slimeish.common import peft_experts
+from slimeish.trainer.config import LORA_HF_EXPERT_PARAMS, LORA_HF_MODULES, LoraSpec
 from slimeish.trainer.convert import gather_shards, qkv_from_megatron
+from slimeish.trainer.expert_parallel import gather_experts, global_names, is_expert_param
 from slimeish.trainer.model import ModelShape
 
 # Whether each target splits its output (column) or its input (row) over tensor-parallel ranks.
 TARGETS = {"linear_qkv": "column", "linear_fc1": "column", "linear_proj": "row", "linear_fc2": "row"}
+TARGETS |= {expert: TARGETS[expert.removeprefix("experts.")] for expert in LORA_HF_EXPERT_PARAMS}
 
 
 class LoraAdapter(nn.Module):
     """This rank's A `[r, in_local]` and B `[out_local, r]` of one linear layer."""
 
-    def __init__(self, a: Tensor, out_features: int, spec: LoraSpec, parallel: str):
+    def __init__(self, a: Tensor, out_features: int, spec: LoraSpec, parallel: str, group):
         super().__init__()
         self.A = nn.Parameter(a)
         self.B = nn.Parameter(a.new_zeros(out_features, spec.rank))
         self.scale, self.parallel = spec.scale, parallel
+        self.group = group  # the linear's tensor-parallel group (an expert's: the expert tensor-parallel one)
         self.enabled = True  # off: the layer is the frozen base (a LoRA run's KL reference)
         self.dropout = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
@@ -58,9 +69,9 @@ class LoraAdapter(nn.Module):
 
         h = self.dropout(x) @ self.A.t()
         if self.parallel == "column":
-            h = copy_to_tensor_model_parallel_region(h)
+            h = copy_to_tensor_model_parallel_region(h, group=self.group)
         else:
-            h = reduce_from_tensor_model_parallel_region(h)
+            h = reduce_from_tensor_model_parallel_region(h, group=self.group)
         return (h @ self.B.t()) * self.scale
 
 
@@ -86,31 +97,40 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
 
 def attach_lora(model: nn.Module, spec: LoraSpec, seed: int) -> None:
     """Freeze `model` and give each targeted linear layer an adapter (call before the optimizer is built)."""
-    from megatron.core import parallel_state
-
     model.requires_grad_(False)
-    rank, world = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
-    for i, (name, linear) in enumerate(list(_targeted(model, spec.targets))):
+    targeted = dict(_targeted(model, spec.targets))
+    whole_model = global_names(model, list(targeted))
+    for name, linear in targeted.items():
         weight = linear.weight
         assert isinstance(weight, Tensor)
-        parallel = TARGETS[name.rsplit(".", 1)[-1]]
+        parallel = TARGETS[target_name(name)]
+        group = linear.tp_group
+        rank, world = group.rank(), group.size()
         in_full = weight.shape[1] * (world if parallel == "row" else 1)
-        gen = torch.Generator().manual_seed(seed * 100_003 + i)
+        gen = torch.Generator().manual_seed(seed * 100_003 + zlib.crc32(whole_model[name].encode()))
         a = torch.empty(spec.rank, in_full)
         bound = 1 / math.sqrt(in_full)  # kaiming_uniform_(a=sqrt(5)), as nn.Linear and PEFT
         a.uniform_(-bound, bound, generator=gen)
         if parallel == "row":
             a = a.chunk(world, dim=1)[rank]
         a = a.to(device=weight.device, dtype=weight.dtype).contiguous()
-        linear.lora = LoraAdapter(a, weight.shape[0], spec, parallel)
+        linear.lora = LoraAdapter(a, weight.shape[0], spec, parallel, group)
+        for p in linear.lora.parameters():  # reduced over data parallel as the base weight (EP: an expert's own)
+            p.allreduce = getattr(weight, "allreduce", True)  # type: ignore[attr-defined]
         linear.register_forward_hook(_add_lora_output)
-    if not any(True for _ in adapters(model)):
+    if not targeted:
         raise ValueError(f"--lora-target-modules {list(spec.targets)} matched no layer of the model")
+
+
+def target_name(module: str) -> str:
+    """The `--lora-target-modules` name of a linear layer: a routed expert's gets `experts.`."""
+    last = module.rsplit(".", 1)[-1]
+    return "experts." + last if is_expert_param(module + ".") else last
 
 
 def _targeted(model: nn.Module, targets: tuple[str, ...]) -> Iterator[tuple[str, nn.Module]]:
     for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] in targets and hasattr(module, "weight"):
+        if hasattr(module, "weight") and target_name(name) in targets:
             yield name, module
 
 
@@ -135,60 +155,95 @@ def with_merged_adapters(params: dict[str, Tensor], model: nn.Module) -> dict[st
 
 
 def full_adapter_weights(model: nn.Module) -> dict[str, tuple[Tensor, Tensor]]:
-    """Every adapter's full (tensor-parallel gathered) A and B on CPU, by Megatron layer name."""
-    from megatron.core import parallel_state
-
-    world = parallel_state.get_tensor_model_parallel_world_size()
-    out = {}
+    """Every adapter's full (tensor-parallel gathered) A and B on CPU, by whole-model Megatron layer
+    name (under expert parallel, every rank's experts: a collective over the expert-parallel group)."""
+    own: dict[str, Tensor] = {}
     for name, ad in adapters(model):
         a, b = ad.A.detach(), ad.B.detach()
+        world = ad.group.size()
         if world > 1:  # the split one is cut as the base weight is: gather it as the base weight
             split = b if ad.parallel == "column" else a
             pieces = [torch.empty_like(split) for _ in range(world)]
-            group = parallel_state.get_tensor_model_parallel_group()
-            torch.distributed.all_gather(pieces, split.contiguous(), group=group)
+            torch.distributed.all_gather(pieces, split.contiguous(), group=ad.group)
             full = gather_shards(name + ".weight", pieces)
             a, b = (a, full) if ad.parallel == "column" else (full, b)
-        out[name] = (a.to("cpu", copy=True), b.to("cpu", copy=True))
+        own[name + ".A"], own[name + ".B"] = a, b
+    every = gather_experts(own, model)
+    names = sorted({k.rsplit(".", 1)[0] for k in every})
+    return {n: (every[n + ".A"].to("cpu", copy=True), every[n + ".B"].to("cpu", copy=True)) for n in names}
+
+
+def _hf_path(path: str) -> str:
+    """A Megatron module path as HF's (`decoder.layers.1.self_attention` -> `model.layers.1.self_attn`)."""
+    return path.replace("decoder.layers.", "model.layers.", 1).replace(".self_attention", ".self_attn")
+
+
+def _dense_peft(name: str, a: Tensor, b: Tensor, shape: ModelShape) -> dict[str, Tensor]:
+    """One linear layer's adapter as PEFT's: a fused layer's becomes one adapter per HF module with
+    the same A and B's rows for that module (B @ A splits by rows exactly)."""
+    path, kind = name.rsplit(".", 1)
+    if kind == "linear_qkv":
+        bs: tuple[Tensor, ...] = tuple(qkv_from_megatron(b, shape))
+    elif kind == "linear_fc1":
+        bs = tuple(t.contiguous() for t in b.chunk(2))
+    else:
+        bs = (b,)
+    out = {}
+    for module, b_part in zip(LORA_HF_MODULES[kind], bs, strict=True):
+        prefix = f"base_model.model.{_hf_path(path)}.{module}"
+        out[prefix + ".lora_A.weight"] = a.clone()  # one copy per module: safetensors stores no aliases
+        out[prefix + ".lora_B.weight"] = b_part.contiguous()
+    return out
+
+
+def _experts_peft(experts: str, per_target: dict[str, dict[int, tuple[Tensor, Tensor]]]) -> dict[str, Tensor]:
+    """One MoE layer's routed experts' adapters (`experts`: Megatron's `...mlp.experts`; target ->
+    expert index -> (A, B)) as PEFT's on the fused parameters. Megatron's fc1 is [gate; up] as
+    HF's `gate_up_proj`, so B's rows carry over."""
+    params = {t: LORA_HF_EXPERT_PARAMS[t].rsplit(".", 1)[-1] for t in per_target}
+    paths = peft_experts.key_paths(list(params.values()))
+    out = {}
+    for target, per_expert in per_target.items():
+        lora_a, lora_b = peft_experts.to_peft(*peft_experts.stack([per_expert[e] for e in sorted(per_expert)]))
+        prefix = ".".join(filter(None, ["base_model.model." + _hf_path(experts), paths[params[target]]]))
+        out[prefix + ".lora_A.weight"], out[prefix + ".lora_B.weight"] = lora_a, lora_b
     return out
 
 
 def peft_state_dict(full: dict[str, tuple[Tensor, Tensor]], shape: ModelShape) -> dict[str, Tensor]:
-    """Megatron-named adapters -> PEFT's keys on the HF model. A fused layer's adapter becomes one
-    adapter per HF module with the same A and B's rows for that module: B @ A splits by rows exactly."""
+    """Megatron-named adapters (`full_adapter_weights`) -> PEFT's keys on the HF model."""
     out: dict[str, Tensor] = {}
+    experts: dict[str, dict[str, dict[int, tuple[Tensor, Tensor]]]] = {}  # ...mlp.experts -> target -> expert
     for name, (a, b) in full.items():
-        layer = int(name.split("decoder.layers.", 1)[1].split(".", 1)[0])
-        kind = name.rsplit(".", 1)[-1]
-        block = "self_attn" if kind in ("linear_qkv", "linear_proj") else "mlp"
-        if kind == "linear_qkv":
-            bs: tuple[Tensor, ...] = tuple(qkv_from_megatron(b, shape))
-        elif kind == "linear_fc1":
-            bs = tuple(t.contiguous() for t in b.chunk(2))
-        else:
-            bs = (b,)
-        for module, b_part in zip(LORA_HF_MODULES[kind], bs, strict=True):
-            prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
-            out[prefix + ".lora_A.weight"] = a.clone()  # one copy per module: safetensors stores no aliases
-            out[prefix + ".lora_B.weight"] = b_part.contiguous()
+        if not is_expert_param(name + "."):
+            out.update(_dense_peft(name, a, b, shape))
+            continue
+        layer, expert = name.split(".local_experts.", 1)
+        experts.setdefault(layer, {}).setdefault(target_name(name), {})[int(expert.split(".", 1)[0])] = (a, b)
+    for layer, per_target in experts.items():
+        out.update(_experts_peft(layer, per_target))
     return out
 
 
-def peft_config(spec: LoraSpec, base_model: str) -> dict:
-    """adapter_config.json as PEFT writes it for a LoRA on a causal LM."""
+def peft_config(spec: LoraSpec, base_model: str, tensors: dict[str, Tensor]) -> dict:
+    """adapter_config.json as PEFT writes it for a LoRA on a causal LM. `target_modules` names only
+    the modules `tensors` adapt: on an MoE model PEFT (0.21, transformers 5) takes a gate/up/down_proj
+    there for the fused routed experts. Routed experts' adapters are on `target_parameters`, for
+    which PEFT refuses dropout (a served adapter uses none anyway)."""
+    modules = [m for m in spec.hf_target_modules() if any(f".{m}.lora_A." in k for k in tensors)]
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
         "r": spec.rank,
         "lora_alpha": spec.alpha,
-        "lora_dropout": spec.dropout,
-        "target_modules": spec.hf_target_modules(),
+        "lora_dropout": 0.0 if spec.hf_target_parameters() else spec.dropout,
+        "target_modules": modules,
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
         "inference_mode": True,
-    }
+    } | ({"target_parameters": spec.hf_target_parameters()} if spec.hf_target_parameters() else {})
 
 
 def write_peft_adapter(out_dir: Path, tensors: dict[str, Tensor], config: dict) -> Path:

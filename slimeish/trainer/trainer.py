@@ -95,10 +95,8 @@ class Trainer:
         # Converted once: the policy and the KL reference start from the same weights.
         weights = hf_to_megatron(hf_io.read_hf_weights(config.model_path), self.shape)
         self.model = self._build(weights)
-        self.lora = config.lora()
+        self.lora = spec.for_model(moe=bool(self.shape.num_experts)) if (spec := config.lora()) else None
         if self.lora is not None:
-            if self.shape.num_experts:
-                raise ValueError("--lora-rank: LoRA on MoE experts is not supported yet (dense models only)")
             lora.attach_lora(self.model, self.lora, config.seed)  # freezes the base: only adapters train
         # MoE: every router consults this for its top-k (the routing-mismatch metric, and R3)
         replay = config.use_rollout_routing_replay
@@ -411,7 +409,8 @@ class Trainer:
         full = lora.full_adapter_weights(self._policy())
         if global_rank() == 0:
             tensors = lora.peft_state_dict(full, self.shape)
-            lora.write_peft_adapter(Path(out_dir), tensors, lora.peft_config(self.lora, str(self.config.model_path)))
+            config = lora.peft_config(self.lora, str(self.config.model_path), tensors)
+            lora.write_peft_adapter(Path(out_dir), tensors, config)
         return Path(out_dir)
 
     def save(self, out_dir: str | Path, data_state: dict[str, Any] | None = None) -> Path:

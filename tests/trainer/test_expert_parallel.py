@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+from transformers import LlamaConfig
 
 from slimeish.common.procs import free_port
 from slimeish.trainer.config import LossConfig, TrainerConfig
@@ -27,23 +27,6 @@ from tests.trainer.trainer_helpers import random_samples
 
 TOLERANCE = 1e-5  # float32 sums in another order (other micro-batch shapes, gathered expert inputs)
 LR = 1e-3
-
-
-@pytest.fixture(scope="module")
-def moe_model(tmp_path_factory) -> Path:
-    config = Qwen3MoeConfig(vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, router_aux_loss_coef=0.0,
-                            max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.ndim >= 2:
-                p.normal_(std=0.2)  # larger than the default init: experts and routes differ visibly
-    out = tmp_path_factory.mktemp("qwen3_moe")
-    hf.save_pretrained(out)
-    return out
 
 
 def _config(model: Path, ep: int) -> TrainerConfig:
