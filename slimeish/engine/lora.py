@@ -59,7 +59,9 @@ def read_peft_adapter(name: str, path: str, model: nn.Module) -> LoraAdapter:
     return LoraAdapter(name, str(path), scale, modules, experts)
 
 
-def _read_linears(path: str, pairs: dict[str, dict[str, Tensor]], model: nn.Module, rank: int) -> dict:
+def _read_linears(
+    path: str, pairs: dict[str, dict[str, Tensor]], model: nn.Module, rank: int
+) -> dict[str, tuple[Tensor, Tensor]]:
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     modules = {}
     for module, ab in pairs.items():
@@ -75,7 +77,9 @@ def _read_linears(path: str, pairs: dict[str, dict[str, Tensor]], model: nn.Modu
     return modules
 
 
-def _read_experts(path: str, pairs: dict[str, dict[str, Tensor]], targeted: list[str], model: nn.Module, rank: int):
+def _read_experts(
+    path: str, pairs: dict[str, dict[str, Tensor]], targeted: list[str], model: nn.Module, rank: int
+) -> dict[str, ExpertLora]:
     """The fused experts' adapters, taken out of `pairs` (PEFT's key paths for `targeted` parameters)."""
     found: dict[str, ExpertLora] = {}
     paths = peft_experts.key_paths(targeted)

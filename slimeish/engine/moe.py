@@ -20,6 +20,8 @@ per-expert delta added to each expert's gate/up and down projections (unmerged).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -62,13 +64,14 @@ def experts_with_lora(
             out = out + F.linear(F.linear(h, a[e]), b[e]) * scale
         return out
 
+    act = cast(Callable[[Tensor], Tensor], experts.act_fn)
     final = torch.zeros_like(x)
     for e in top_k_index.unique().tolist():
         if e >= weights["down_proj"].shape[0]:  # transformers' "no expert" index
             continue
         tok, k = torch.where(top_k_index == e)
         gate, up = project(x[tok], "gate_up_proj", e).chunk(2, dim=-1)
-        out = project(experts.act_fn(gate) * up, "down_proj", e) * top_k_weights[tok, k, None]
+        out = project(act(gate) * up, "down_proj", e) * top_k_weights[tok, k, None]
         final.index_add_(0, tok, out.to(final.dtype))
     return final
 

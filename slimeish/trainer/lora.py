@@ -29,9 +29,11 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
+from torch.distributed import ProcessGroup
 
 from slimeish.common import peft_experts
 from slimeish.trainer.config import LORA_HF_EXPERT_PARAMS, LORA_HF_MODULES, LoraSpec
@@ -104,7 +106,7 @@ def attach_lora(model: nn.Module, spec: LoraSpec, seed: int) -> None:
         weight = linear.weight
         assert isinstance(weight, Tensor)
         parallel = TARGETS[target_name(name)]
-        group = linear.tp_group
+        group = cast(ProcessGroup, linear.tp_group)  # Megatron's linears carry their own TP group
         rank, world = group.rank(), group.size()
         in_full = weight.shape[1] * (world if parallel == "row" else 1)
         gen = torch.Generator().manual_seed(seed * 100_003 + zlib.crc32(whole_model[name].encode()))
