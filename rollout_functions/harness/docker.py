@@ -71,7 +71,10 @@ OWN_ENV = {"APP_DIR": APP, "TESTS_DIR": TESTS, "LOGS_DIR": LOGS, "TMPDIR": "/tmp
 # the command's session id first, where a timeout's kill finds it; then the command itself
 LEADER = 'echo $$ > "$0" && exec "$@"'
 # the kernel's count of processes it killed at the container's memory limit (cgroup v1, then v2)
-OOM_KILLS = "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null | grep ^oom_kill"
+# "|| true": a container without either file has no count, which is not a failure
+OOM_KILLS = (
+    "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null | grep ^oom_kill || true"
+)
 SCRIPT_NAME = "bridge.py"  # copied beside the hosts file, run by the container's python3
 INSIDE_SCRIPT = f"{INSIDE_DIR}/{SCRIPT_NAME}"
 
@@ -157,14 +160,20 @@ class DockerSandbox(Sandbox):
         )
 
     async def _quick(self, argv: list[str]) -> str:
-        """Run a short command of our own (no timeout of its own) and return its output."""
+        """Run a short command of our own (no timeout of its own) and return its output. One that
+        fails is a `SandboxError`: in a container being removed the exec itself fails, and what it
+        prints is the runtime's error, not the command's output."""
         async with client(self.url) as docker:
             process = await docker.containers.container(self.id).exec(argv)
             out = []
             async with process.start(timeout=None) as stream:
                 while (message := await stream.read_out()) is not None:
                     out.append(message.data)
-        return b"".join(out).decode(errors="replace")
+            code = (await process.inspect())["ExitCode"]
+        output = b"".join(out).decode(errors="replace")
+        if code != 0:
+            raise SandboxError(f"our own command in the container {self.id[:12]} exited with {code}: {output[-300:]}")
+        return output
 
     async def _kill(self, leader: str) -> None:
         """Kill the command's whole process group (its session leader's pid is in `leader`)."""
