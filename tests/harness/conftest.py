@@ -97,20 +97,13 @@ def processes_started_in(directory: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def sandbox_lost_when_marked(root: Path, mark: str) -> Iterator[threading.Event]:
-    """From outside, as a lost machine or a removed container would be: once a sandbox under `root`
-    holds `app/<mark>`, remove its directory and kill its commands' process groups. The event is set
-    once that is done."""
+def _until_done(remove_once: Callable[[], bool], period_s: float) -> Iterator[threading.Event]:
+    """Call `remove_once` every `period_s` in a thread until it returns True; the event is set then."""
     done, stop = threading.Event(), threading.Event()
 
     def watch() -> None:
-        while not stop.wait(0.1):
-            for marked in root.glob(f"*/app/{mark}"):
-                box = marked.parent.parent
-                groups = {os.getpgid(pid) for pid in processes_started_in(box / "app")}
-                shutil.rmtree(box)
-                for group in groups:
-                    os.killpg(group, signal.SIGKILL)
+        while not stop.wait(period_s):
+            if remove_once():
                 done.set()
                 return
 
@@ -123,11 +116,27 @@ def sandbox_lost_when_marked(root: Path, mark: str) -> Iterator[threading.Event]
         thread.join()
 
 
-@contextlib.contextmanager
-def container_lost_when_marked(url: str, mark: str) -> Iterator[threading.Event]:
+def sandbox_lost_when_marked(root: Path, mark: str) -> contextlib.AbstractContextManager[threading.Event]:
+    """From outside, as a lost machine or a removed container would be: once a sandbox under `root`
+    holds `app/<mark>`, remove its directory and kill its commands' process groups. The event is set
+    once that is done."""
+
+    def remove_marked() -> bool:
+        for marked in root.glob(f"*/app/{mark}"):
+            box = marked.parent.parent
+            groups = {os.getpgid(pid) for pid in processes_started_in(box / "app")}
+            shutil.rmtree(box)
+            for group in groups:
+                os.killpg(group, signal.SIGKILL)
+            return True
+        return False
+
+    return _until_done(remove_marked, 0.1)
+
+
+def container_lost_when_marked(url: str, mark: str) -> contextlib.AbstractContextManager[threading.Event]:
     """`sandbox_lost_when_marked` for the docker provider: once a container's /app holds `mark`,
     remove it (forced: its processes killed), as `docker rm -f` from outside would."""
-    done, stop = threading.Event(), threading.Event()
 
     async def remove_marked() -> bool:
         async with aiodocker.Docker(url, api_version=API_VERSION) as docker:
@@ -141,16 +150,4 @@ def container_lost_when_marked(url: str, mark: str) -> Iterator[threading.Event]
                     return True
         return False
 
-    def watch() -> None:
-        while not stop.wait(0.2):
-            if asyncio.run(remove_marked()):
-                done.set()
-                return
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield done
-    finally:
-        stop.set()
-        thread.join()
+    return _until_done(lambda: asyncio.run(remove_marked()), 0.2)
