@@ -110,6 +110,16 @@ def summarize(run_dir: Path) -> None:
         print(f"from {evals[0][1]:.2f} to {evals[-1][1]:.2f}; learning curve: {run_dir / 'reward.png'}")
 
 
+def train_and_summarize(setup: TrainSetup) -> None:
+    """`slimeish train` with `setup`, then its held-out curve."""
+    if setup.run.checkpoint_to_load() is None:
+        # Nothing to resume (the demo saves at its end): a run interrupted before that left its buffer
+        # in the run dir, holding the group ids this run draws again, so it starts over.
+        shutil.rmtree(setup.run.run_dir, ignore_errors=True)
+    slimeish.train.run(setup)
+    summarize(setup.run.run_dir)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.demo.run", description=__doc__.split("\n\n")[0])
     add_dataclass_args(parser, DemoConfig, "demo")
@@ -117,12 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.monotonic()
     train, eval_, model = prepare(cfg)
     setup = train_setup(cfg, train, eval_, model)
-    if setup.run.checkpoint_to_load() is None:
-        # Nothing to resume (the demo saves at its end): a run interrupted before that left its buffer
-        # in the run dir, holding the group ids this run draws again, so it starts over.
-        shutil.rmtree(setup.run.run_dir, ignore_errors=True)
-    slimeish.train.run(setup)
-    summarize(cfg.run_dir / "rl")
+    train_and_summarize(setup)
     print(f"demo finished in {(time.monotonic() - t0) / 60:.1f} min")
 
 

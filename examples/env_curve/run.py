@@ -21,14 +21,12 @@ import argparse
 import dataclasses
 import json
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import slimeish.train
-from examples.demo.run import DemoConfig, summarize, train_setup
+from examples.demo.run import DemoConfig, train_and_summarize, train_setup
 from examples.demo.sft import FineTuneConfig, collate, fine_tune, is_short_step, render_with_mask
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
 from slimeish.data import write_prompts
@@ -144,10 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.monotonic()
     train, eval_, model = prepare(cfg)
     setup = env_train_setup(cfg, train, eval_, model)
-    if setup.run.checkpoint_to_load() is None:  # as the demo: a run with nothing to resume starts over
-        shutil.rmtree(setup.run.run_dir, ignore_errors=True)
-    slimeish.train.run(setup)
-    summarize(cfg.run_dir / "rl")
+    train_and_summarize(setup)
     print(f"finished in {(time.monotonic() - t0) / 60:.1f} min")
 
 
