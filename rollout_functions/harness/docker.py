@@ -38,6 +38,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -75,6 +76,7 @@ LEADER = 'echo $$ > "$0" && exec "$@"'
 OOM_KILLS = (
     "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null | grep ^oom_kill || true"
 )
+LOST_SETTLE_S = 5.0  # a failed API call waits this long for a container being removed to read as such
 SCRIPT_NAME = "bridge.py"  # copied beside the hosts file, run by the container's python3
 INSIDE_SCRIPT = f"{INSIDE_DIR}/{SCRIPT_NAME}"
 
@@ -104,7 +106,7 @@ class DockerSandbox(Sandbox):
         try:
             result = await self._command(command, env, timeout_s, network)
         except SandboxError:  # an API call failed: when the container is gone, say that it was lost
-            await self._alive("a command ran")
+            await self._alive("a command ran", settle_s=LOST_SETTLE_S)
             raise
         await self._alive(f"a command ran (it exited with {result.exit_code})")
         return result
@@ -182,12 +184,20 @@ class DockerSandbox(Sandbox):
     async def _oom_kills(self) -> int:
         return sum(int(line.split()[1]) for line in (await self._quick(["bash", "-c", OOM_KILLS])).splitlines())
 
-    async def _alive(self, doing: str) -> None:
+    async def _alive(self, doing: str, settle_s: float = 0.0) -> None:
+        """Raise a `SandboxError` saying how the container was lost, if it was. `settle_s`: how long a
+        container that still reads as running may take to read otherwise (an exec refused as
+        "stopped" comes before the daemon's own state says so)."""
+        deadline = time.monotonic() + settle_s
         async with client(self.url) as docker:
-            try:
-                state = (await docker.containers.container(self.id).show())["State"]
-            except aiodocker.DockerError as exc:
-                raise SandboxError(f"the container {self.id[:12]} was removed while {doing}") from exc
+            while True:
+                try:
+                    state = (await docker.containers.container(self.id).show())["State"]
+                except aiodocker.DockerError as exc:
+                    raise SandboxError(f"the container {self.id[:12]} was removed while {doing}") from exc
+                if not state["Running"] or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.1)
         if not state["Running"]:
             fate = "was removed" if state["Status"] in ("removing", "dead") else "stopped"
             raise SandboxError(f"the container {self.id[:12]} {fate} while {doing} ({state['Status']})")

@@ -133,7 +133,9 @@ def test_a_sandbox_removed_from_outside_while_its_agent_runs_is_infrastructure(t
         asyncio.run(run_episode(provider, spec, model_called))
     assert removed.is_set() and isinstance(caught.value, EpisodeLost)  # regenerated, never trained as reward 0
     lost = caught.value.outcome
-    assert lost.kind == OutcomeKind.SANDBOX_FAILED and "was removed while a command ran" in lost.reason
+    assert lost.kind == OutcomeKind.SANDBOX_FAILED and "while a command ran" in lost.reason
+    # force-removing a container stops it first: the provider may see either state
+    assert "was removed" in lost.reason or "stopped" in lost.reason
 
 
 @pytest.mark.parametrize(
