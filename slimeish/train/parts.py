@@ -71,9 +71,33 @@ class Parts:
     hooks: SlimeHooks = dataclasses.field(default_factory=SlimeHooks)
 
 
+class RunAlreadyInBuffer(RuntimeError):
+    """A run starting at step 0 into a buffer that holds its earlier groups."""
+
+
+async def refuse_a_used_buffer(setup: TrainSetup, buffer_url: str, run_id: str) -> None:
+    """A run starting at step 0 draws its group ids from the start again: in a buffer that still
+    holds this run id's groups (a `--fresh` start, or a restart before the first checkpoint) each
+    would be refused as taken, one failed group after another. Refuse the run instead, before the
+    trainer starts, and say how to go on."""
+    async with Buffer(buffer_url, run_id, setup.buffer) as buffer:
+        stats = await buffer.stats()
+    held = stats.sessions_open + stats.sessions_finished + stats.sessions_failed
+    if held:
+        where = f"{setup.run.run_dir / 'buffer'} (the run dir's buffer)" if not setup.stack.buffer_url else buffer_url
+        raise RunAlreadyInBuffer(
+            f"the buffer at {where} already holds {held} sessions of run {run_id!r} from an earlier start, and "
+            f"this one starts at step 0 ({'--fresh' if setup.run.fresh else 'no checkpoint to resume'}), so it would "
+            "draw the same group ids again. Resume instead (drop --fresh; a run resumes from its last checkpoint), "
+            "start a new run (another --run-dir, or --run-id), or delete the run dir to start this one over."
+        )
+
+
 @contextlib.asynccontextmanager
 async def started(setup: TrainSetup, stack: RunningStack, run_id: str) -> AsyncIterator[Parts]:
     run, rollout = setup.run, RolloutRun()
+    if run.checkpoint_to_load() is None:
+        await refuse_a_used_buffer(setup, stack.buffer_url, run_id)
     args = plugin_args(setup, stack.router_url, stack.admin_token, router_urls=stack.router_urls, rollout_run=rollout)
     rollout_fn = load_rollout_function(setup.rollout.rollout_function_path)
     data, eval_data = train_source(setup, args), eval_source(setup)
