@@ -7,6 +7,7 @@ call with the same sizes is a no-op (tests build several trainers in one process
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -75,6 +76,24 @@ def all_reduce_data_parallel(tensors: list[torch.Tensor], *, experts: bool = Fal
     dist.all_reduce(flat, group=group)
     for t, reduced in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
         t.copy_(reduced.view_as(t))
+
+
+def sum_over_data_parallel(sums: dict[str, float]) -> dict[str, float]:
+    """A step's per-rank sums (loss, tokens, token-weighted statistics) added up over the data-parallel
+    group, so the step's metrics are the whole batch's, not rank 0's share; keys ending in `_max`
+    take the maximum. Gathered as objects: a rank whose stripe of the batch was empty has no keys."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_data_parallel_group()
+    if dist.get_world_size(group) == 1:
+        return sums
+    parts: list[dict[str, float] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, dict(sums), group=group)
+    total: dict[str, float] = defaultdict(float)  # as a rank's own sums: a key no rank wrote reads 0
+    for part in parts:
+        for key, value in (part or {}).items():
+            total[key] = max(total.get(key, value), value) if key.endswith("_max") else total.get(key, 0.0) + value
+    return total
 
 
 def global_rank() -> int:

@@ -39,6 +39,7 @@ from slimeish.trainer.distributed import (
     data_parallel_rank_and_size,
     global_rank,
     init_distributed,
+    sum_over_data_parallel,
 )
 from slimeish.trainer.expert_parallel import align_micro_batch_count, expert_parallel_grad_norm
 from slimeish.trainer.forward import response_log_probs
@@ -229,6 +230,7 @@ class Trainer:
             old_mb = None if old is None else _rows(mb, [old[i] for i in mine])
             self._micro_batch(mb.to(self.device), old_mb, normalizer, sums)
         grad_norm = self._apply_gradients()
+        sums = sum_over_data_parallel(sums)
         tokens = max(sums.pop("tokens", 0.0), 1.0)
         metrics = {k: v / tokens for k, v in sums.items() if not k.startswith("_")}
         metrics.update({k.removeprefix(HOOK): v / normalizer for k, v in sums.items() if k.startswith(HOOK)})
