@@ -29,8 +29,10 @@ ATTN_IMPLEMENTATION = "slimeish_paged"
 
 @dataclass(frozen=True, slots=True)
 class ChunkSpan:
-    """Passed to the layers as their `attention_mask` for a prefill chunk: the queries
-    are positions `start .. end-1`, and the keys they see are positions `0 .. end-1`."""
+    """Passed to the layers as their `attention_mask` for prefill chunks sharing their start: in
+    each row the queries are positions `start .. end-1`, and the keys they see are positions
+    `0 .. end-1` (several prompts' first chunks, right-padded to one width: a query sees none of
+    the padding after it)."""
 
     start: int
     end: int

@@ -16,11 +16,14 @@ are ours:
   visible to a query iff it is at or before the query's own position. It is `[n, 1, queries,
   keys]`: one token per decoding sequence, never a whole prompt squared. A prefill chunk on CPU
   has no mask: `attention.ChunkSpan` tells the layers where the chunk starts, and
-  `attention.paged_attention` needs nothing more.
+  `attention.paged_attention` needs nothing more. Prompts admitted in the same step share one
+  forward (right-padded to the longest): for a model this small a forward's fixed cost (the
+  layers' Python) is most of a short prompt's prefill.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -105,6 +108,20 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     return config.num_hidden_layers * sum(h * d for h, d in cached_shapes(config)) * itemsize
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """`prompt[start:end]` of one sequence, the KV of positions before `start` already in `pages`
+    (which cover `end`); `logprobs_from`: the first prompt position whose log-prob is asked for;
+    `adapter`: its LoRA adapter (None: the base model)."""
+
+    prompt: list[int]
+    start: int
+    end: int
+    pages: list[int]
+    logprobs_from: int
+    adapter: str | None = None
+
+
 class ModelRunner:
     """Loads a checkpoint and runs prefill chunks and batched decodes against a `PagedKV`."""
 
@@ -170,18 +187,41 @@ class ModelRunner:
         return self._head(hidden[:, 0]).index_select(0, torch.tensor(rows, device=self.device))
 
     @torch.inference_mode()
-    def prefill(
-        self, prompt: list[int], start: int, end: int, pages: list[int], logprobs_from: int, adapter: str | None = None
-    ) -> tuple[torch.Tensor, list[float]]:
-        """The chunk `prompt[start:end]`, the KV of positions before `start` already in `pages`.
-        Returns the logits after the chunk's last token (float32, `[vocab]`) and the prompt's own
-        token log-probs that the chunk's hidden states give: log p(prompt[p] | prompt[:p]) for
-        `p` in `[start + 1, end]`, `p >= max(logprobs_from, 1)`, `p < len(prompt)`."""
-        with self.lora.rows([adapter]):
-            hidden = self._layers([prompt[start:end]], [start], [pages])[0]
-        first = max(logprobs_from, 1, start + 1)
-        targets = prompt[first : end + 1]
-        return self._head(hidden[-1]), self._token_logprobs(hidden[first - 1 - start :], targets)
+    def prefill(self, chunks: list[PrefillChunk], max_tokens: int) -> list[tuple[torch.Tensor, list[float]]]:
+        """Run prompt chunks, in order; returns per chunk the logits after its last token (float32,
+        `[vocab]`) and the prompt's own token log-probs that the chunk's hidden states give:
+        log p(prompt[p] | prompt[:p]) for `p` in `[start + 1, end]`, `p >= max(logprobs_from, 1)`,
+        `p < len(prompt)`. Chunks that start a prompt (nothing cached before them) run together,
+        right-padded to one width, at most `max_tokens` padded tokens a forward: a query never sees
+        the padding after it, so each row is its prompt's own forward. A sequence's later chunks
+        need its first, so they run after, one forward each."""
+        out: list[tuple[torch.Tensor, list[float]] | None] = [None] * len(chunks)
+        first = sorted((i for i, c in enumerate(chunks) if c.start == 0), key=lambda i: -chunks[i].end)
+        while first:  # longest first: a group's rows have similar widths, so little padding
+            width = chunks[first[0]].end
+            rows = max(1, max_tokens // width)
+            group, first = first[:rows], first[rows:]
+            for i, result in zip(group, self._prefill_rows([chunks[i] for i in group]), strict=True):
+                out[i] = result
+        for i, chunk in enumerate(chunks):
+            if chunk.start > 0:
+                out[i] = self._prefill_rows([chunk])[0]
+        return [r for r in out if r is not None]
+
+    def _prefill_rows(self, chunks: list[PrefillChunk]) -> list[tuple[torch.Tensor, list[float]]]:
+        """One forward of chunks that share their start (one chunk, or several prompts' first)."""
+        width = max(c.end - c.start for c in chunks)
+        tokens = [c.prompt[c.start : c.end] + [0] * (width - c.end + c.start) for c in chunks]
+        with self.lora.rows([c.adapter for c in chunks]):
+            hidden = self._layers(tokens, [c.start for c in chunks], [c.pages for c in chunks])
+        lasts = torch.tensor([c.end - c.start - 1 for c in chunks], device=self.device)
+        logits = self._head(hidden[torch.arange(len(chunks), device=self.device), lasts])
+        results = []
+        for row, chunk in enumerate(chunks):
+            first = max(chunk.logprobs_from, 1, chunk.start + 1)
+            targets = chunk.prompt[first : chunk.end + 1]
+            results.append((logits[row], self._token_logprobs(hidden[row, first - 1 - chunk.start :], targets)))
+        return results
 
     def _layers(
         self, tokens: list[list[int]], starts: list[int], pages: list[list[int]], view: bool = False
@@ -206,9 +246,9 @@ class ModelRunner:
         if self.routes is not None:
             self.routes.write = self.cache.write
         mask: torch.Tensor | ChunkSpan
-        if len(tokens) == 1 and width > 1 and self.device.type == "cpu":
-            # a prefill chunk: no mask (see `attention`); a decode step's mask is one row, and the
-            # split's extra small ops cost more than it there
+        if not view and len(set(starts)) == 1 and width > 1 and self.device.type == "cpu":
+            # prefill chunks sharing their start: no mask (see `attention`); a decode step's mask
+            # is one row, and the split's extra small ops cost more than it there
             mask = ChunkSpan(starts[0], starts[0] + width)
         else:
             # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.

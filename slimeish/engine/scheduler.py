@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from slimeish.engine.kv_cache import PagePool
-from slimeish.engine.model_runner import ModelRunner
+from slimeish.engine.model_runner import ModelRunner, PrefillChunk
 from slimeish.engine.protocol import SequenceRequest
 from slimeish.engine.sampling import RowSampling, sample
 
@@ -192,19 +192,27 @@ class Scheduler:
 
     def _prefill(self) -> None:
         budget = self.cfg.max_prefill_tokens
-        done: list[tuple[Sequence, torch.Tensor]] = []
+        planned: list[tuple[Sequence, PrefillChunk]] = []
+        fresh_pages: list[int] = []
         for seq in self.running:
-            prompt = seq.req.input_ids
-            while seq.prefilling and budget > 0:
-                start = seq.kv_len
+            prompt, end = seq.req.input_ids, seq.kv_len
+            while end < len(prompt) and budget > 0:
+                start = end
                 end = min(len(prompt), start + self.cfg.chunk_size, start + budget)
-                self.runner.clear_pages(self._take_pages(seq, end))
-                logprob_start, adapter = seq.req.prompt_logprob_start, seq.req.lora_path
-                logits, logprobs = self.runner.prefill(prompt, start, end, seq.pages, logprob_start, adapter)
-                seq.input_logprobs += logprobs
-                seq.kv_len, budget = end, budget - (end - start)
-                if not seq.prefilling:
-                    done.append((seq, logits))
+                fresh_pages += self._take_pages(seq, end)
+                chunk = PrefillChunk(prompt, start, end, seq.pages, seq.req.prompt_logprob_start, seq.req.lora_path)
+                planned.append((seq, chunk))
+                budget -= end - start
+        if not planned:
+            return
+        self.runner.clear_pages(fresh_pages)
+        results = self.runner.prefill([chunk for _, chunk in planned], self.cfg.chunk_size)
+        done: list[tuple[Sequence, torch.Tensor]] = []
+        for (seq, chunk), (logits, logprobs) in zip(planned, results, strict=True):
+            seq.input_logprobs += logprobs
+            seq.kv_len = chunk.end
+            if not seq.prefilling:
+                done.append((seq, logits))
         for seq, _ in done:
             self._cache(seq)  # a twin prompt arriving while this one decodes (n > 1, retries) reuses it
             if seq.req.max_new_tokens == 0:  # a scoring request: the prompt's log-probs only

@@ -135,10 +135,16 @@ async def test_a_failing_step_aborts_its_batch_and_the_loop_goes_on(tiny_model, 
 
 
 def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monkeypatch):
-    """Prompt log-probs (computed in chunks, here of 2 positions) equal a full forward; scoring-only
+    """Prompts admitted together are prefilled in one forward, right-padded to the longest;
+    their log-probs (computed in chunks, here of 2 positions) equal a full forward; scoring-only
     sequences leave the batch at once, and the generating one beside them still decodes exactly."""
     monkeypatch.setattr("slimeish.engine.model_runner._LOGPROB_CHUNK", 2)
     sched = make_scheduler(tiny_model)
+    forwards: list[int] = []  # rows per forward of the decoder stack
+    layers = sched.runner._layers
+    monkeypatch.setattr(
+        sched.runner, "_layers", lambda tokens, *a, **k: forwards.append(len(tokens)) or layers(tokens, *a, **k)
+    )
     prompts = [[3, 1, 4, 1, 5, 9, 2], [5, 6, 7], [8, 8, 2, 7, 1]]
     new_tokens, starts = [0, 6, 0], [0, None, 2]
     finished = []
@@ -147,6 +153,7 @@ def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monke
         req = SequenceRequest(f"r{i}", i, prompt, params, i, True, False, n, logprob_start=start)
         sched.submit(req, lambda s: s.finished and finished.append(s))
     sched.step()
+    assert forwards == [3]
     assert sorted(s.req.rid for s in finished) == ["r0", "r2"] and len(sched.running) == 1
     while not sched.idle:
         sched.step()
