@@ -13,7 +13,8 @@ The split kernel is PyTorch's CPU flash attention, which returns the log-sum-exp
 (their mask is one row per sequence, cheaper than the split's extra small ops: c=1 throughput fell
 ~10 % with them split too) keep the additive mask; on CPU they run as two batched matmuls over the
 decode view's rows (`_masked_cpu`, `decode_view`), and every forward on other devices takes
-Hugging Face's SDPA path.
+Hugging Face's SDPA path. A decode step with whole prompts riding along (`MixedStep`) runs each
+part as it would alone: the decode rows as above, each prompt as its own first chunk.
 """
 
 from __future__ import annotations
@@ -29,11 +30,29 @@ ATTN_IMPLEMENTATION = "slimeish_paged"
 
 @dataclass(frozen=True, slots=True)
 class ChunkSpan:
-    """Passed to the layers as their `attention_mask` for a prefill chunk: the queries
-    are positions `start .. end-1`, and the keys they see are positions `0 .. end-1`."""
+    """Passed to the layers as their `attention_mask` for prefill chunks sharing their start: in
+    each row the queries are positions `start .. end-1`, and the keys they see are positions
+    `0 .. end-1` (several prompts' first chunks, right-padded to one width: a query sees none of
+    the padding after it)."""
 
     start: int
     end: int
+
+
+@dataclass(slots=True)
+class MixedStep:
+    """Passed to the layers as their `attention_mask` for a decode step with whole prompts riding
+    along, all packed in one row: first one token per decoding sequence (the decode view's rows
+    `0 .. decode-1`, `mask` their additive `[decode, 1, 1, kv_len]` mask), then each prompt from
+    position 0 at `spans[i]` (`[a, b)` in the row). The cache's `update` hands back the row's new
+    K/V as they are (a prompt sees only its own) and puts the decode rows' K/V, `[decode,
+    kv_heads, kv_len, dim]`, in `rows`. One forward instead of two: for a small model a forward's
+    fixed cost (the layers' Python) is most of a short prompt's prefill."""
+
+    decode: int
+    mask: torch.Tensor
+    spans: list[tuple[int, int]]
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def paged_attention(
@@ -48,6 +67,8 @@ def paged_attention(
 ) -> tuple[torch.Tensor, None]:
     """HF's attention-interface signature: `query` `[n, heads, width, dim]`, `key`/`value`
     `[n, kv_heads, kv_len, dim]` (`value` may be narrower); returns `[n, width, heads, v_dim]`."""
+    if isinstance(attention_mask, MixedStep):
+        return _mixed(module, query, key, value, attention_mask, scaling), None
     if isinstance(attention_mask, torch.Tensor) and query.device.type == "cpu":
         return _masked_cpu(query, key, value, attention_mask, scaling), None
     if not isinstance(attention_mask, ChunkSpan):
@@ -75,6 +96,23 @@ def paged_attention(
         out = out * (lse - total).exp()[..., None] + past * (past_lse - total).exp()[..., None]
     # the log-sum-exps are float32: a half-precision model's output must keep its own dtype
     return out[..., :v_dim].to(query.dtype).transpose(1, 2), None
+
+
+def _mixed(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, step: MixedStep,
+    scaling: float | None,
+) -> torch.Tensor:  # fmt: skip
+    """`MixedStep`'s attention: the decode rows as a decode step's, each prompt as its own first chunk."""
+    assert step.rows is not None, "the cache's update fills the decode rows"
+    d = step.decode
+    # [1, heads, d, dim] -> [d, heads, 1, dim]; the output [d, 1, heads, v_dim] -> [1, d, heads, v_dim]
+    outs = [_masked_cpu(query[:, :, :d].transpose(0, 2), *step.rows, step.mask, scaling).transpose(0, 1)]
+    for a, b in step.spans:
+        span = ChunkSpan(0, b - a)
+        outs.append(
+            paged_attention(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], span, scaling=scaling)[0]
+        )
+    return torch.cat(outs, dim=1)
 
 
 def _masked_cpu(

@@ -16,11 +16,14 @@ are ours:
   visible to a query iff it is at or before the query's own position. It is `[n, 1, queries,
   keys]`: one token per decoding sequence, never a whole prompt squared. A prefill chunk on CPU
   has no mask: `attention.ChunkSpan` tells the layers where the chunk starts, and
-  `attention.paged_attention` needs nothing more.
+  `attention.paged_attention` needs nothing more. Prompts admitted in the same step share one
+  forward (right-padded to the longest): for a model this small a forward's fixed cost (the
+  layers' Python) is most of a short prompt's prefill.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -29,7 +32,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slimeish.engine import mla
-from slimeish.engine.attention import ATTN_IMPLEMENTATION, ChunkSpan
+from slimeish.engine.attention import ATTN_IMPLEMENTATION, ChunkSpan, MixedStep
 from slimeish.engine.decode_view import DecodeView
 from slimeish.engine.lora import LoraServing
 from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
@@ -62,6 +65,7 @@ class PagedKV:
         self.page_size = page_size
         self.view = DecodeView(n_layers, key_shape, value_shape, dtype, device, page_size, DECODE_VIEW_BYTES)
         self._set_step(torch.zeros(0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long))
+        self.mixed: MixedStep | None = None
 
     def clear(self, slots: torch.Tensor) -> None:
         for buf in (*self.keys, *self.values):
@@ -79,14 +83,24 @@ class PagedKV:
         of a contiguous `[heads, n, ...]` gather of its pages. `index_copy_`/`index_select` over flat
         slots and whole pages: an order of magnitude faster on CPU than advanced indexing, and
         gathering pages copies `page_size` times fewer (and longer) blocks than gathering slots."""
+        if self.mixed is not None:  # see `attention.MixedStep`
+            d = self.mixed.decode
+            rows = (self._step(self.keys[layer_idx], self.view.keys, layer_idx, key, d),
+                    self._step(self.values[layer_idx], self.view.values, layer_idx, value, d))  # fmt: skip
+            self.mixed.rows = rows
+            return key, value
         return (self._step(self.keys[layer_idx], self.view.keys, layer_idx, key),
                 self._step(self.values[layer_idx], self.view.values, layer_idx, value))  # fmt: skip
 
-    def _step(self, buf: torch.Tensor, views: list[torch.Tensor], layer_idx: int, new: torch.Tensor) -> torch.Tensor:
+    def _step(
+        self, buf: torch.Tensor, views: list[torch.Tensor], layer_idx: int, new: torch.Tensor, decode: int = 0
+    ) -> torch.Tensor:
+        """`decode`: a `MixedStep`'s packed row, whose first `decode` tokens are the view's rows."""
         n, heads, width, dim = new.shape
         buf.index_copy_(1, self.write, new.transpose(0, 1).reshape(heads, n * width, dim))
-        if isinstance(self.read, int):
-            return self.view.step(views[layer_idx], new, self.read)
+        if isinstance(self.read, int):  # the decode view's rows
+            rows = new[0, :, :decode].transpose(0, 1)[:, :, None] if decode else new
+            return self.view.step(views[layer_idx], rows, self.read)
         kv_len = self.read.shape[1] * self.page_size
         pages = buf.view(heads, -1, self.page_size, dim).index_select(1, self.read.flatten())
         return pages.view(heads, n, kv_len, dim).transpose(0, 1)
@@ -103,6 +117,20 @@ def cached_shapes(config) -> tuple[tuple[int, int], tuple[int, int]]:
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return config.num_hidden_layers * sum(h * d for h, d in cached_shapes(config)) * itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """`prompt[start:end]` of one sequence, the KV of positions before `start` already in `pages`
+    (which cover `end`); `logprobs_from`: the first prompt position whose log-prob is asked for;
+    `adapter`: its LoRA adapter (None: the base model)."""
+
+    prompt: list[int]
+    start: int
+    end: int
+    pages: list[int]
+    logprobs_from: int
+    adapter: str | None = None
 
 
 class ModelRunner:
@@ -152,36 +180,106 @@ class ModelRunner:
     @torch.inference_mode()
     def decode_step(
         self, tokens: list[int], positions: list[int], pages: list[list[int]], adapters: list[str | None],
-        ids: list[int],
-    ) -> torch.Tensor:  # fmt: skip
+        ids: list[int], prompts: list[PrefillChunk], max_tokens: int,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, list[float]]]]:  # fmt: skip
         """One token per sequence: `tokens[i]` at `positions[i]`, its KV in `pages[i]`, LoRA adapter
         `adapters[i]` (None: the base model); `ids[i]` names the sequence for the decode view, never
-        reused for another. Returns the next-token logits (float32), `[n, vocab]`."""
+        reused for another. Returns the next-token logits (float32), `[n, vocab]`, and `prefill`'s
+        results for `prompts` (whole prompts from position 0), which ride in the same forward
+        (`attention.MixedStep`) when they can: on CPU, without adapters, not MLA (whose cache
+        holds latents expanded after the cache's update), the batch in the decode view."""
         assert self.cache is not None, "allocate_kv first"
         rows = self.cache.view.arrange(ids, positions, pages, self.cache.keys, self.cache.values)
+        mla_model = self.model.config.model_type in mla.MLA_TYPES
+        ride = bool(prompts) and rows is not None and self.device.type == "cpu" and not mla_model
+        ride = ride and not any(adapters) and not any(c.adapter for c in prompts)
+        results = [] if ride else self.prefill(prompts, max_tokens)
         if rows is None:  # too big for the view: each layer gathers the pages
             with self.lora.rows(adapters):
-                return self._head(self._layers([[t] for t in tokens], positions, pages)[:, 0])
+                return self._head(self._layers([[t] for t in tokens], positions, pages)[:, 0]), results
         # the forward runs in the view's row order; the logits come back in the caller's
         order = sorted(range(len(rows)), key=rows.__getitem__)
         in_rows = lambda xs: [xs[i] for i in order]  # noqa: E731
-        with self.lora.rows(in_rows(adapters)):
-            hidden = self._layers([[tokens[i]] for i in order], in_rows(positions), in_rows(pages), view=True)
-        return self._head(hidden[:, 0]).index_select(0, torch.tensor(rows, device=self.device))
+        if ride:
+            hidden = self._mixed(in_rows(tokens), in_rows(positions), in_rows(pages), prompts)
+            at, rides = len(tokens), []
+            for c in prompts:
+                rides.append(hidden[at : at + c.end])
+                at += c.end
+            results = self._chunk_results(rides, prompts)
+        else:
+            with self.lora.rows(in_rows(adapters)):
+                hidden = self._layers([[tokens[i]] for i in order], in_rows(positions), in_rows(pages), view=True)[:, 0]
+        return self._head(hidden[: len(tokens)]).index_select(0, torch.tensor(rows, device=self.device)), results
 
     @torch.inference_mode()
-    def prefill(
-        self, prompt: list[int], start: int, end: int, pages: list[int], logprobs_from: int, adapter: str | None = None
-    ) -> tuple[torch.Tensor, list[float]]:
-        """The chunk `prompt[start:end]`, the KV of positions before `start` already in `pages`.
-        Returns the logits after the chunk's last token (float32, `[vocab]`) and the prompt's own
-        token log-probs that the chunk's hidden states give: log p(prompt[p] | prompt[:p]) for
-        `p` in `[start + 1, end]`, `p >= max(logprobs_from, 1)`, `p < len(prompt)`."""
-        with self.lora.rows([adapter]):
-            hidden = self._layers([prompt[start:end]], [start], [pages])[0]
-        first = max(logprobs_from, 1, start + 1)
-        targets = prompt[first : end + 1]
-        return self._head(hidden[-1]), self._token_logprobs(hidden[first - 1 - start :], targets)
+    def prefill(self, chunks: list[PrefillChunk], max_tokens: int) -> list[tuple[torch.Tensor, list[float]]]:
+        """Run prompt chunks, in order; returns per chunk the logits after its last token (float32,
+        `[vocab]`) and the prompt's own token log-probs that the chunk's hidden states give:
+        log p(prompt[p] | prompt[:p]) for `p` in `[start + 1, end]`, `p >= max(logprobs_from, 1)`,
+        `p < len(prompt)`. Chunks that start a prompt (nothing cached before them) run together,
+        right-padded to one width, at most `max_tokens` padded tokens a forward: a query never sees
+        the padding after it, so each row is its prompt's own forward. A sequence's later chunks
+        need its first, so they run after, one forward each."""
+        out: list[tuple[torch.Tensor, list[float]] | None] = [None] * len(chunks)
+        first = sorted((i for i, c in enumerate(chunks) if c.start == 0), key=lambda i: -chunks[i].end)
+        while first:  # longest first: a group's rows have similar widths, so little padding
+            width = chunks[first[0]].end
+            rows = max(1, max_tokens // width)
+            group, first = first[:rows], first[rows:]
+            for i, result in zip(group, self._prefill_rows([chunks[i] for i in group]), strict=True):
+                out[i] = result
+        for i, chunk in enumerate(chunks):
+            if chunk.start > 0:
+                out[i] = self._prefill_rows([chunk])[0]
+        return [r for r in out if r is not None]
+
+    def _prefill_rows(self, chunks: list[PrefillChunk]) -> list[tuple[torch.Tensor, list[float]]]:
+        """One forward of chunks that share their start (one chunk, or several prompts' first)."""
+        width = max(c.end - c.start for c in chunks)
+        tokens = [c.prompt[c.start : c.end] + [0] * (width - c.end + c.start) for c in chunks]
+        with self.lora.rows([c.adapter for c in chunks]):
+            hidden = self._layers(tokens, [c.start for c in chunks], [c.pages for c in chunks])
+        return self._chunk_results(list(hidden), chunks)
+
+    def _chunk_results(
+        self, hidden: list[torch.Tensor], chunks: list[PrefillChunk]
+    ) -> list[tuple[torch.Tensor, list[float]]]:
+        """`prefill`'s results from each chunk's hidden states (`hidden[i]`: `[width, hidden]`,
+        perhaps padded past the chunk)."""
+        logits = self._head(torch.stack([h[c.end - c.start - 1] for h, c in zip(hidden, chunks, strict=True)]))
+        results = []
+        for row, (h, chunk) in enumerate(zip(hidden, chunks, strict=True)):
+            first = max(chunk.logprobs_from, 1, chunk.start + 1)
+            targets = chunk.prompt[first : chunk.end + 1]
+            results.append((logits[row], self._token_logprobs(h[first - 1 - chunk.start :], targets)))
+        return results
+
+    def _mixed(
+        self, tokens: list[int], positions: list[int], pages: list[list[int]], prompts: list[PrefillChunk]
+    ) -> torch.Tensor:
+        """The hidden states `[tokens + prompts' tokens, hidden]` of one forward of a decode step
+        (sequences in the decode view's row order) with whole prompts packed after it
+        (`attention.MixedStep`)."""
+        assert self.cache is not None, "allocate_kv first"
+        size = self.page_size
+        ids, at = list(tokens), list(positions)
+        write = [p[s // size] * size + s % size for p, s in zip(pages, positions, strict=True)]
+        spans = []
+        for c in prompts:
+            spans.append((len(ids), len(ids) + c.end))
+            ids += c.prompt[: c.end]
+            at += range(c.end)
+            write += [c.pages[s // size] * size + s % size for s in range(c.end)]
+        kv_len = max(positions) + 1
+        mask = self._mask(torch.tensor(positions, device=self.device)[:, None], kv_len)
+        self.cache._set_step(torch.tensor(write, device=self.device), kv_len)
+        self.cache.mixed = MixedStep(len(tokens), mask, spans)
+        try:
+            return self._stack(torch.tensor([ids], device=self.device), torch.tensor([at], device=self.device),
+                               self.cache.mixed)[0]  # fmt: skip
+        finally:
+            self.cache.mixed = None
 
     def _layers(
         self, tokens: list[list[int]], starts: list[int], pages: list[list[int]], view: bool = False
@@ -203,21 +301,29 @@ class ModelRunner:
             kv_len = table.shape[1] * size  # whole pages: the mask hides the positions past each query
             write = table.gather(1, positions // size) * size + positions % size
             self.cache._set_step(write.flatten(), table)
-        if self.routes is not None:
-            self.routes.write = self.cache.write
         mask: torch.Tensor | ChunkSpan
-        if len(tokens) == 1 and width > 1 and self.device.type == "cpu":
-            # a prefill chunk: no mask (see `attention`); a decode step's mask is one row, and the
-            # split's extra small ops cost more than it there
+        if not view and len(set(starts)) == 1 and width > 1 and self.device.type == "cpu":
+            # prefill chunks sharing their start: no mask (see `attention`); a decode step's mask
+            # is one row, and the split's extra small ops cost more than it there
             mask = ChunkSpan(starts[0], starts[0] + width)
         else:
-            # [n, 1, width, kv_len]; a 4D mask is used as given by every HF decoder layer's attention.
-            # Additive, built once: SDPA would otherwise turn a boolean mask into this in every layer.
-            masked = (torch.arange(kv_len, device=self.device) > positions[:, :, None])[:, None]
-            mask = torch.zeros(masked.shape, dtype=self.model.dtype, device=self.device)
-            mask.masked_fill_(masked, torch.finfo(mask.dtype).min)
-        # The decoder stack driven directly (as `model.model.forward` does), minus its per-call
-        # mask building and output bookkeeping, which cost more than the layers for small models.
+            mask = self._mask(positions, kv_len)
+        return self._stack(ids, positions, mask)
+
+    def _mask(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """`[n, 1, width, kv_len]` for queries at `positions` (`[n, width]`): a 4D mask is used as
+        given by every HF decoder layer's attention. Additive, built once: SDPA would otherwise
+        turn a boolean mask into this in every layer."""
+        masked = (torch.arange(kv_len, device=self.device) > positions[:, :, None])[:, None]
+        mask = torch.zeros(masked.shape, dtype=self.model.dtype, device=self.device)
+        return mask.masked_fill_(masked, torch.finfo(mask.dtype).min)
+
+    def _stack(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | ChunkSpan | MixedStep):
+        """The decoder stack driven directly (as `model.model.forward` does), minus its per-call
+        mask building and output bookkeeping, which cost more than the layers for small models."""
+        assert self.cache is not None, "allocate_kv first"
+        if self.routes is not None:
+            self.routes.write = self.cache.write
         inner = self.model.model
         hidden = inner.embed_tokens(ids)
         rope = inner.rotary_emb(hidden, positions)

@@ -34,8 +34,10 @@ def sample(logits: torch.Tensor, rows: list[RowSampling], uniforms: list[float])
         tokens = logits.argmax(dim=-1)
     else:
         temps = [1.0 if g else r.temperature for r, g in zip(rows, greedy, strict=True)]
-        temperatures = torch.tensor(temps, device=logits.device)
-        tokens = _sample_scaled(logits / temperatures[:, None], rows, uniforms, vocab)
+        scaled = logits  # x / 1.0 is x exactly: the usual all-at-temperature-1 batch skips the division
+        if any(t != 1.0 for t in temps):
+            scaled = logits / torch.tensor(temps, device=logits.device)[:, None]
+        tokens = _sample_scaled(scaled, rows, uniforms, vocab)
         if any(greedy):
             tokens = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=-1), tokens)
     chosen = logprobs.gather(1, tokens[:, None])[:, 0]

@@ -6,7 +6,9 @@ mid-request), (2) prefills admitted prompts in chunks, up to `max_prefill_tokens
 (3) decodes one token for every sequence whose prompt is done, all in one batched forward, and
 (4) retires the finished ones: their full pages go to the prefix cache, the rest back to the pool.
 A short request therefore never waits for an unrelated long one; a long prompt is prefilled a few
-chunks per step while the others keep decoding.
+chunks per step while the others keep decoding. Forwards are few: prompts whose prefill starts in
+the same step share one, and a whole prompt admitted while others decode rides in the decode
+forward (`ModelRunner.decode_step`); then every sequence's next token is sampled in one call.
 
 The loop runs as a task on the server's event loop: a step is synchronous (a few ms on CPU), and
 the loop yields between steps so HTTP handlers, pauses and weight updates run only between steps,
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from slimeish.engine.kv_cache import PagePool
-from slimeish.engine.model_runner import ModelRunner
+from slimeish.engine.model_runner import ModelRunner, PrefillChunk
 from slimeish.engine.protocol import SequenceRequest
 from slimeish.engine.sampling import RowSampling, sample
 
@@ -155,9 +157,17 @@ class Scheduler:
     def step(self) -> None:
         decoding = [s for s in self.running if not s.prefilling]
         self._admit()
-        self._prefill()
+        planned = self._plan_prefill()
+        # whole prompts ride in the decode step's forward (when the runner can mix them in)
+        rides = [bool(decoding) and c.start == 0 and c.end == len(c.prompt) for _, c in planned]
+        alone = [sc for sc, ride in zip(planned, rides, strict=True) if not ride]
+        riding = [sc for sc, ride in zip(planned, rides, strict=True) if ride]
+        sampled = self._prefilled(alone, self.runner.prefill([c for _, c in alone], self.cfg.chunk_size))
         if decoding:
-            self._decode(decoding)
+            logits, results = self._decode(decoding, [c for _, c in riding])
+            sampled = [*zip(decoding, logits, strict=True), *sampled, *self._prefilled(riding, results)]
+        if sampled:  # every sequence's next token in one sampling call
+            self._append([s for s, _ in sampled], torch.stack([lg for _, lg in sampled]))
         self._retire()
 
     def _admit(self) -> None:
@@ -190,39 +200,53 @@ class Scheduler:
         logits give the first output token), and every position whose log-prob is asked for."""
         return min(len(seq.req.input_ids), max(seq.req.prompt_logprob_start, 1)) - 1
 
-    def _prefill(self) -> None:
+    def _plan_prefill(self) -> list[tuple[Sequence, PrefillChunk]]:
+        """This step's prompt chunks, up to `max_prefill_tokens`, their pages taken and zeroed."""
         budget = self.cfg.max_prefill_tokens
-        done: list[tuple[Sequence, torch.Tensor]] = []
+        planned: list[tuple[Sequence, PrefillChunk]] = []
+        fresh_pages: list[int] = []
         for seq in self.running:
-            prompt = seq.req.input_ids
-            while seq.prefilling and budget > 0:
-                start = seq.kv_len
+            prompt, end = seq.req.input_ids, seq.kv_len
+            while end < len(prompt) and budget > 0:
+                start = end
                 end = min(len(prompt), start + self.cfg.chunk_size, start + budget)
-                self.runner.clear_pages(self._take_pages(seq, end))
-                logprob_start, adapter = seq.req.prompt_logprob_start, seq.req.lora_path
-                logits, logprobs = self.runner.prefill(prompt, start, end, seq.pages, logprob_start, adapter)
-                seq.input_logprobs += logprobs
-                seq.kv_len, budget = end, budget - (end - start)
-                if not seq.prefilling:
-                    done.append((seq, logits))
+                fresh_pages += self._take_pages(seq, end)
+                chunk = PrefillChunk(prompt, start, end, seq.pages, seq.req.prompt_logprob_start, seq.req.lora_path)
+                planned.append((seq, chunk))
+                budget -= end - start
+        self.runner.clear_pages(fresh_pages)
+        return planned
+
+    def _prefilled(
+        self, planned: list[tuple[Sequence, PrefillChunk]], results: list[tuple[torch.Tensor, list[float]]]
+    ) -> list[tuple[Sequence, torch.Tensor]]:
+        """Record prefilled chunks; returns the sequences whose prompt is done and that generate,
+        with the logits of their first token."""
+        done: list[tuple[Sequence, torch.Tensor]] = []
+        for (seq, chunk), (logits, logprobs) in zip(planned, results, strict=True):
+            seq.input_logprobs += logprobs
+            seq.kv_len = chunk.end
+            if not seq.prefilling:
+                done.append((seq, logits))
         for seq, _ in done:
             self._cache(seq)  # a twin prompt arriving while this one decodes (n > 1, retries) reuses it
             if seq.req.max_new_tokens == 0:  # a scoring request: the prompt's log-probs only
                 self._finish(seq, {"type": "length", "length": 0})
-        generating = [(s, lg) for s, lg in done if not s.finished]
-        if generating:
-            self._append([s for s, _ in generating], torch.stack([lg for _, lg in generating]))
+        return [(s, lg) for s, lg in done if not s.finished]
 
-    def _decode(self, batch: list[Sequence]) -> None:
+    def _decode(
+        self, batch: list[Sequence], prompts: list[PrefillChunk]
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, list[float]]]]:
+        """One token for each of `batch`, with whole `prompts` riding along (`ModelRunner.decode_step`)."""
         # the pages the batch crosses into, zeroed in one call
         self.runner.clear_pages([page for seq in batch for page in self._take_pages(seq, seq.kv_len + 1)])
         positions = [s.kv_len for s in batch]
         tokens, pages = [s.output_ids[-1] for s in batch], [s.pages for s in batch]
         adapters, uids = [s.req.lora_path for s in batch], [s.uid for s in batch]
-        logits = self.runner.decode_step(tokens, positions, pages, adapters, uids)
+        out = self.runner.decode_step(tokens, positions, pages, adapters, uids, prompts, self.cfg.chunk_size)
         for seq in batch:
             seq.kv_len += 1
-        self._append(batch, logits)
+        return out
 
     def _take_pages(self, seq: Sequence, kv_len: int) -> list[int]:
         """Give `seq` the pages for positions below `kv_len`, out of what admission promised it;

@@ -135,10 +135,16 @@ async def test_a_failing_step_aborts_its_batch_and_the_loop_goes_on(tiny_model, 
 
 
 def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monkeypatch):
-    """Prompt log-probs (computed in chunks, here of 2 positions) equal a full forward; scoring-only
+    """Prompts admitted together are prefilled in one forward, right-padded to the longest;
+    their log-probs (computed in chunks, here of 2 positions) equal a full forward; scoring-only
     sequences leave the batch at once, and the generating one beside them still decodes exactly."""
     monkeypatch.setattr("slimeish.engine.model_runner._LOGPROB_CHUNK", 2)
     sched = make_scheduler(tiny_model)
+    forwards: list[int] = []  # rows per forward of the decoder stack
+    layers = sched.runner._layers
+    monkeypatch.setattr(
+        sched.runner, "_layers", lambda tokens, *a, **k: forwards.append(len(tokens)) or layers(tokens, *a, **k)
+    )
     prompts = [[3, 1, 4, 1, 5, 9, 2], [5, 6, 7], [8, 8, 2, 7, 1]]
     new_tokens, starts = [0, 6, 0], [0, None, 2]
     finished = []
@@ -147,6 +153,7 @@ def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monke
         req = SequenceRequest(f"r{i}", i, prompt, params, i, True, False, n, logprob_start=start)
         sched.submit(req, lambda s: s.finished and finished.append(s))
     sched.step()
+    assert forwards == [3]
     assert sorted(s.req.rid for s in finished) == ["r0", "r2"] and len(sched.running) == 1
     while not sched.idle:
         sched.step()
@@ -178,3 +185,38 @@ def test_a_request_whose_adapter_was_unloaded_before_it_was_queued_is_aborted(ti
     assert seqs[0].finish_reason == {"type": "abort", "message": "LoRA adapter 'unloaded' was unloaded"}
     assert seqs[0].output_ids == [] and sched.version_of(seqs[0]) == 0
     assert seqs[1].finish_reason["type"] == "length" and len(seqs[1].output_ids) == 3
+
+
+def test_whole_prompts_admitted_while_others_decode_ride_in_their_forward(tiny_model, monkeypatch):
+    """Prompts admitted while other sequences decode are prefilled in the decode step's own
+    forward, packed after the decoding tokens (one forward a step); their prompt log-probs and
+    every sequence's output log-probs still equal a full forward's."""
+    sched = make_scheduler(tiny_model)
+    forwards: list[tuple[int, ...]] = []  # the token ids' shape of each forward of the decoder stack
+    stack = sched.runner._stack
+    monkeypatch.setattr(sched.runner, "_stack", lambda ids, *a: forwards.append(tuple(ids.shape)) or stack(ids, *a))
+    finished = []
+
+    def submit(i: int, prompt: list[int], n: int) -> None:
+        params = SamplingParams(max_new_tokens=n, temperature=0.9, ignore_eos=True)
+        req = SequenceRequest(f"r{i}", i, prompt, params, i, True, False, n, logprob_start=0)
+        sched.submit(req, lambda s: s.finished and finished.append(s))
+
+    submit(0, [5, 6, 7], 8)
+    sched.step()
+    submit(1, [9] * 11, 6)
+    submit(2, [3, 1, 4, 1, 5], 4)
+    sched.step()
+    assert forwards == [(1, 3), (1, 1 + 11 + 5)]
+    while not sched.idle:
+        sched.step()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    assert len(finished) == 3
+    for seq in finished:
+        full = seq.req.input_ids + seq.output_ids
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([full])).logits[0, :-1], -1)
+        expected = logp[torch.arange(len(full) - 1), torch.tensor(full[1:])]
+        prompt_len = len(seq.req.input_ids)
+        torch.testing.assert_close(torch.tensor(seq.input_logprobs), expected[: prompt_len - 1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(seq.logprobs), expected[prompt_len - 1 :], atol=1e-4, rtol=0)

@@ -18,7 +18,7 @@ import torch
 
 from slimeish.common.routed_experts import decode_routed_experts, encode_routed_experts
 from slimeish.common.sample import Sample
-from slimeish.engine.model_runner import ModelRunner
+from slimeish.engine.model_runner import ModelRunner, PrefillChunk
 from slimeish.engine.moe import moe_routers
 from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.trainer import Trainer
@@ -54,7 +54,7 @@ def engine_pass(runner: ModelRunner, tokens: list[int], first_page: int) -> tupl
     """Teacher-forced engine pass over `tokens`: log p(tokens[p] | tokens[:p]) for p >= 1 and the
     routes of tokens[:-1], as a finished generation of those tokens would report them."""
     pages = list(range(first_page, first_page + -(-len(tokens) // PAGE)))
-    _, log_probs = runner.prefill(tokens, 0, len(tokens), pages, 1)
+    [(_, log_probs)] = runner.prefill([PrefillChunk(tokens, 0, len(tokens), pages, 1)], len(tokens))
     return log_probs, encode_routed_experts(runner.routed_experts(pages, len(tokens) - 1))
 
 
