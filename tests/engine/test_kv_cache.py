@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from slimeish.engine.kv_cache import PagePool
 from slimeish.engine.protocol import SamplingParams, SequenceRequest
 from slimeish.engine.scheduler import Scheduler, Sequence
-from tests.engine.test_runner import make_scheduler
+from tests.engine.test_runner import assert_exact, make_scheduler
 
 
 def test_pool_shares_cached_pages_and_evicts_least_recently_used_leaves():
@@ -54,23 +54,6 @@ def run(sched: Scheduler, prompts: list[list[int]], new_tokens: int, *, logprob_
         sched.step()
         assert sched.reserved >= 0 and sched.pool.available >= sched.reserved
     return sorted(finished, key=lambda s: s.req.index)
-
-
-def full_logprobs(model, tokens: list[int]) -> torch.Tensor:
-    """log p(tokens[p] | tokens[:p]) for p >= 1 from one forward over everything."""
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([tokens])).logits[0, :-1], -1)
-    return logp[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])]
-
-
-def assert_exact(model, seq: Sequence) -> None:
-    prompt = seq.req.input_ids
-    expected = full_logprobs(model, prompt + seq.output_ids)
-    torch.testing.assert_close(torch.tensor(seq.logprobs), expected[len(prompt) - 1 :], atol=1e-4, rtol=0)
-    if seq.req.wants_prompt_logprobs:
-        first = max(seq.req.prompt_logprob_start, 1)
-        got = torch.tensor(seq.input_logprobs)
-        torch.testing.assert_close(got, expected[first - 1 : len(prompt) - 1], atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,30 @@ from transformers import AutoModelForCausalLM
 
 from slimeish.engine.model_runner import ModelRunner
 from slimeish.engine.protocol import SamplingParams, SequenceRequest
-from slimeish.engine.scheduler import Scheduler, SchedulerConfig
+from slimeish.engine.scheduler import Scheduler, SchedulerConfig, Sequence
 
 
 def make_scheduler(path, device: str = "cpu", dtype: str = "float32", **overrides) -> Scheduler:
     runner = ModelRunner(str(path), device=device, dtype=dtype, context_length=256)
     cfg = {"max_rows": 4, "max_prefill_tokens": 64, "chunk_size": 64, "total_tokens": 4096, "page_size": 4}
     return Scheduler(runner, SchedulerConfig(**(cfg | overrides)), weight_version=0)
+
+
+def full_logprobs(model, tokens: list[int]) -> torch.Tensor:
+    """log p(tokens[p] | tokens[:p]) for p >= 1 from one forward over everything."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([tokens])).logits[0, :-1], -1)
+    return logp[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])]
+
+
+def assert_exact(model, seq: Sequence) -> None:
+    prompt = seq.req.input_ids
+    expected = full_logprobs(model, prompt + seq.output_ids)
+    torch.testing.assert_close(torch.tensor(seq.logprobs), expected[len(prompt) - 1 :], atol=1e-4, rtol=0)
+    if seq.req.wants_prompt_logprobs:
+        first = max(seq.req.prompt_logprob_start, 1)
+        got = torch.tensor(seq.input_logprobs)
+        torch.testing.assert_close(got, expected[first - 1 : len(prompt) - 1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3"])
@@ -159,16 +176,7 @@ def test_scoring_requests_share_a_prefill_with_generating_ones(tiny_model, monke
         sched.step()
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     for seq in finished:
-        full = seq.req.input_ids + seq.output_ids
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([full])).logits[0, :-1], -1)
-        expected = logp[torch.arange(len(full) - 1), torch.tensor(full[1:])]
-        prompt_len = len(seq.req.input_ids)
-        first = max(seq.req.prompt_logprob_start, 1)
-        torch.testing.assert_close(
-            torch.tensor(seq.input_logprobs), expected[first - 1 : prompt_len - 1], atol=1e-5, rtol=0
-        )
-        torch.testing.assert_close(torch.tensor(seq.logprobs), expected[prompt_len - 1 :], atol=1e-4, rtol=0)
+        assert_exact(model, seq)
     assert [len(s.output_ids) for s in sorted(finished, key=lambda s: s.req.rid)] == [0, 6, 0]
 
 
@@ -213,10 +221,5 @@ def test_whole_prompts_admitted_while_others_decode_ride_in_their_forward(tiny_m
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     assert len(finished) == 3
     for seq in finished:
-        full = seq.req.input_ids + seq.output_ids
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([full])).logits[0, :-1], -1)
-        expected = logp[torch.arange(len(full) - 1), torch.tensor(full[1:])]
-        prompt_len = len(seq.req.input_ids)
-        torch.testing.assert_close(torch.tensor(seq.input_logprobs), expected[: prompt_len - 1], atol=1e-5, rtol=0)
-        torch.testing.assert_close(torch.tensor(seq.logprobs), expected[prompt_len - 1 :], atol=1e-4, rtol=0)
+        assert seq.req.wants_prompt_logprobs
+        assert_exact(model, seq)
