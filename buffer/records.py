@@ -68,7 +68,9 @@ class Turn:
         self.pack()
 
     def pack(self) -> PackedTurn:
-        """Validate and convert to numpy arrays, one vectorised pass per array (no per-token Python)."""
+        """Validate and convert to numpy arrays, one vectorised pass per array (no per-token Python).
+        Every turn the router stores is packed, so the checks are the cheapest numpy has for short
+        arrays: a min and a max (NaN propagates into both) rather than element-wise masks."""
         where = f"session {self.session_id!r} turn {self.turn_index}"
         if self.turn_index < 0 or self.segment_index < 0 or self.lineage < 0:
             raise BufferInputError(f"{where}: turn_index, segment_index and lineage must be >= 0")
@@ -88,7 +90,7 @@ class Turn:
         if self.output_ids and not self.weight_versions:
             raise BufferInputError(f"{where}: output_ids need the weight_versions that produced them")
         logprobs = _array(self.output_logprobs, np.float64, where, "output_logprobs")
-        if not np.all(np.isfinite(logprobs) & (logprobs <= 0.0)):
+        if logprobs.size and not (logprobs.max() <= 0.0 and logprobs.min() > -np.inf):
             raise BufferInputError(f"{where}: output_logprobs must be finite and <= 0")
         return PackedTurn(
             session_id=self.session_id,
@@ -122,7 +124,8 @@ def _array(values: Sequence[float], dtype: type, where: str, name: str) -> np.nd
 
 def _token_ids(values: list[int], where: str, name: str) -> np.ndarray:
     ids = _array(values, np.int64, where, name)
-    if ids.size and (ids.min() < 0 or ids.max() > _MAX_TOKEN_ID):
+    # one reduction for both bounds: read as unsigned, a negative id is above any valid one
+    if ids.size and ids.view(np.uint64).max() > _MAX_TOKEN_ID:
         raise BufferInputError(f"{where}: {name} must be token ids in [0, {_MAX_TOKEN_ID}]")
     return ids.astype(np.int32)
 

@@ -6,6 +6,8 @@ transport and keeps each write."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -99,3 +101,24 @@ def test_a_held_head_is_written_before_the_connection_closes():
         assert len(sock.writes) == 1 and sock.writes[0].startswith(b"HTTP/1.1 200 OK") and sock.closed
 
     asyncio.run(main())
+
+
+def test_an_answered_cycle_is_freed_without_the_collector():
+    """The cycle holds its `HeadWithBody` and not the other way round: a request's cycle, scope and
+    headers go when the request does, not at the collector's next pass (a pause for every request
+    in flight)."""
+
+    async def main() -> None:
+        c, sock = cycle()
+        await c.send(start(2))
+        await c.send({"type": "http.response.body", "body": b"{}"})
+        assert len(sock.writes) == 1
+        freed = weakref.ref(c)
+        del c
+        assert freed() is None
+
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()
