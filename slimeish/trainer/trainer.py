@@ -52,7 +52,7 @@ from slimeish.trainer.loss_hooks import (
     slime_loss_args,
 )
 from slimeish.trainer.megatron_hooks import MegatronHooks, trainer_args
-from slimeish.trainer.model import build_gpt_model, gpt_logits, model_shape, moe_aux_loss, start_moe_step
+from slimeish.trainer.model import build_gpt_model, gpt_logits, model_shape, start_moe_step, stop_moe_aux_loss
 from slimeish.trainer.optimizer import (
     build_cpu_optimizer,
     build_gpu_optimizer,
@@ -221,14 +221,19 @@ class Trainer:
             self.hooks.before_train_step(self.args, self.weight_version, step_id, self.model, self.optimizer, None)
         sums: dict[str, float] = defaultdict(float)
         micro_batches = pack_micro_batches(local, self.config.micro_batch_tokens, advantages[mine])
-        if self.config.expert_model_parallel_size > 1:  # each MoE forward is a collective: pair them up
-            count = align_micro_batch_count(len(micro_batches), self.device)
-            micro_batches += [idle_micro_batch()] * (count - len(micro_batches))
+        idle = 0  # each MoE forward is a collective under expert parallel: pair them up
+        if self.config.expert_model_parallel_size > 1:
+            idle = align_micro_batch_count(len(micro_batches), self.device) - len(micro_batches)
         if self.shape.num_experts:
-            start_moe_step(max(len(micro_batches), 1), world, self.device)
+            start_moe_step(int(self._data_parallel_sum(len(micro_batches))), self.device)
         for mb in micro_batches:
             old_mb = None if old is None else _rows(mb, [old[i] for i in mine])
             self._micro_batch(mb.to(self.device), old_mb, normalizer, sums)
+        if self.shape.num_experts:
+            sums["_moe_aux_loss"] = stop_moe_aux_loss(self.device)
+            sums["_moe_micro_batches"] = len(micro_batches)
+        for mb in [idle_micro_batch()] * idle:
+            self._micro_batch(mb.to(self.device), None, normalizer, sums)
         grad_norm = self._apply_gradients()
         sums = sum_over_data_parallel(sums)
         tokens = max(sums.pop("tokens", 0.0), 1.0)
@@ -241,8 +246,9 @@ class Trainer:
             metrics["is_weight_max"] = sums["_is_weight_max"]
             metrics["rollout_logprob_abs_diff_mean"] = sums["_abs_diff"] / sums["_is_tokens"]
             metrics["rollout_logprob_abs_diff_max"] = sums["_abs_diff_max"]
-        if self.shape.num_experts:
-            metrics["moe_aux_loss"] = moe_aux_loss(self.shape.num_moe_layers, max(len(micro_batches), 1))
+        if self.shape.num_experts:  # mean over MoE layers and the micro-batches of every rank
+            layers_x_micro_batches = self.shape.num_moe_layers * max(sums["_moe_micro_batches"], 1)
+            metrics["moe_aux_loss"] = sums["_moe_aux_loss"] / layers_x_micro_batches
         if self.routing is not None:
             metrics.update(self.routing.take_mismatch())
         self.state.step += 1
@@ -254,9 +260,12 @@ class Trainer:
             count = sum(sum(s.loss_mask) if s.loss_mask is not None else s.response_length for s in local)
         else:
             count = len(local)
+        return max(self._data_parallel_sum(count), 1.0)
+
+    def _data_parallel_sum(self, count: float) -> float:
         total = torch.tensor(float(count), device=self.device)
         all_reduce_data_parallel([total])
-        return max(total.item(), 1.0)
+        return total.item()
 
     def _log_probs(self, mb: MicroBatch) -> tuple[Tensor, Tensor]:
         """The policy's `response_log_probs`, its MoE routers told the micro-batch's recorded routes."""
@@ -361,6 +370,9 @@ class Trainer:
     def _apply_gradients(self) -> float:
         if self._ddp is not None:
             self._ddp.finish_grad_sync()  # all-reduce over data-parallel ranks
+            world = data_parallel_rank_and_size()[1]
+            if world > 1:  # Megatron's DDP averages; each rank's loss is its share of the batch's: sum
+                self._ddp.scale_gradients(float(world))
             _, grad_norm, _ = self.optimizer.step()  # Megatron clips to config.clip_grad inside
             return float(grad_norm or 0.0)
         if data_parallel_rank_and_size()[1] > 1:

@@ -39,20 +39,24 @@ def engine_factory(tmp_path_factory):
         p.stop()
 
 
-@pytest.fixture(scope="module")
-def moe_model(tmp_path_factory) -> Path:
-    """A tiny Qwen3-MoE (4 experts) without the load-balancing loss, for expert parallel runs: Megatron
-    computes it per rank's micro-batch, another objective when the tokens are split otherwise."""
+def tiny_qwen3_moe(out: Path, router_aux_loss_coef: float) -> Path:
+    """A tiny Qwen3-MoE (4 experts, 2 layers) saved in `out`."""
     config = Qwen3MoeConfig(vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, router_aux_loss_coef=0.0,
-                            max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
+                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                            router_aux_loss_coef=router_aux_loss_coef, max_position_embeddings=512,
+                            tie_word_embeddings=False)  # fmt: skip
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for p in hf.parameters():
             if p.ndim >= 2:
                 p.normal_(std=0.2)  # larger than the default init: experts and routes differ visibly
-    out = tmp_path_factory.mktemp("qwen3_moe")
     hf.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory) -> Path:
+    """The tiny Qwen3-MoE without the load-balancing loss (the routing-replay and MoE LoRA tests')."""
+    return tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3_moe"), router_aux_loss_coef=0.0)

@@ -3,9 +3,10 @@ tiny Qwen3-MoE's four experts, take the same optimizer step as one rank holding 
 
 The ranks split the samples (data parallel for the dense weights) and dispatch their tokens to the
 experts' ranks. The batch of 5 samples, one per micro-batch, gives rank 0 three micro-batches and
-rank 1 two, so rank 1 runs an idle one to pair up the MoE collectives. The load-balancing loss is
-off (router_aux_loss_coef 0): Megatron computes it per rank's micro-batch, so it is a different
-objective when the tokens are split differently, not a parallelism error.
+rank 1 two, so rank 1 runs an idle one to pair up the MoE collectives. With one sample per
+micro-batch each micro-batch's load-balancing loss is the same on one rank or two, so the step's
+aux loss (its gradient and its metric, a mean over the five real micro-batches) is too: the idle
+micro-batch must add neither.
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ from slimeish.trainer.config import LossConfig, TrainerConfig
 from slimeish.trainer.hf_io import read_hf_weights
 from slimeish.trainer.model import transformer_config
 from slimeish.trainer.trainer import Trainer
+from tests.trainer.conftest import tiny_qwen3_moe
 from tests.trainer.trainer_helpers import random_samples
 
 TOLERANCE = 1e-5  # float32 sums in another order (other micro-batch shapes, gathered expert inputs)
 LR = 1e-3
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory) -> Path:
+    return tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3_moe_aux"), router_aux_loss_coef=0.5)
 
 
 def _config(model: Path, ep: int) -> TrainerConfig:
@@ -78,6 +85,7 @@ def test_two_expert_parallel_ranks_take_the_step_one_rank_takes(moe_model, tmp_p
         assert r["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=TOLERANCE)
         assert r["metrics"]["tokens"] == metrics["tokens"]
         assert r["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=TOLERANCE)
+        assert r["metrics"]["moe_aux_loss"] == pytest.approx(metrics["moe_aux_loss"], rel=TOLERANCE)
     exported = read_hf_weights(tmp_path / "hf")  # the checkpoint's per-expert names
     assert set(exported) == set(weights)
     moved = [k for k in weights if not torch.equal(weights[k], initial[k])]
