@@ -67,14 +67,16 @@ class DecodeView:
             self.members[row_of[key]], at_row[row_of[key]] = key, positions[i]
         self.lengths = {key: pos + 1 for key, pos in current.items()}  # after this step's write
         if moves:
-            src_rows, dst_rows = (torch.tensor(x, device=self.device) for x in zip(*moves, strict=True))
+            src_rows, dst_rows = (
+                torch.tensor(x, dtype=torch.long, device=self.device) for x in zip(*moves, strict=True)
+            )
             for buf in (*self.keys, *self.values):
                 buf.index_copy_(0, dst_rows, buf.index_select(0, src_rows))
         if fresh:
             self._gather([row_of[ids[i]] for i in fresh], [pages[i] for i in fresh],
                          [positions[i] for i in fresh], pool_keys, pool_values)  # fmt: skip
         rows = torch.arange(n, device=self.device)[:, None]
-        pos = torch.tensor(at_row, device=self.device)[:, None]
+        pos = torch.tensor(at_row, dtype=torch.long, device=self.device)[:, None]
         self.write = {h: ((rows * h + torch.arange(h, device=self.device)) * self.capacity + pos).flatten()
                       for h in {h for h, _ in self.shapes}}  # fmt: skip
         return [row_of[key] for key in ids]
@@ -125,7 +127,7 @@ class DecodeView:
             return
         # pad short page tables with their own first page: the copied tail lies past the length, masked
         table = torch.tensor([p[:n_pages] + [p[0]] * (n_pages - len(p[:n_pages])) for p in pages], device=self.device)
-        dst = torch.tensor(rows, device=self.device)
+        dst = torch.tensor(rows, dtype=torch.long, device=self.device)
         width = n_pages * self.page_size
         for pool, view in zip((*pool_keys, *pool_values), (*self.keys, *self.values), strict=True):
             heads, _, dim = pool.shape
