@@ -27,7 +27,9 @@ class EngineConfig:
         None, help="KV pool size in tokens, for running sequences and the prefix cache (over --mem-fraction-static)"
     )
     mem_fraction_static: float = help_field(
-        0.1, help="without --max-total-tokens, the KV pool's share of the device's memory (CPU: physical RAM)"
+        0.1,
+        help="without --max-total-tokens, the share of the device's memory (CPU: physical RAM) for the KV pool "
+        "and the decode view (at most 256 MiB)",
     )
     page_size: int = help_field(16, help="tokens per KV page: the unit of allocation and of prefix-cache matches")
     chunked_prefill_size: int = help_field(

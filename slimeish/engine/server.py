@@ -24,7 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from slimeish.common.config import add_dataclass_args, from_namespace
 from slimeish.engine.config import EngineConfig
-from slimeish.engine.model_runner import ModelRunner
+from slimeish.engine.model_runner import DECODE_VIEW_BYTES, ModelRunner
 from slimeish.engine.protocol import (
     ENGINE_NAME,
     Limits,
@@ -92,7 +92,8 @@ class Engine:
 
 def kv_pool_tokens(cfg: EngineConfig, bytes_per_token: int) -> int:
     """The KV pool's size in tokens: `--max-total-tokens`, or `--mem-fraction-static` of the device's
-    memory (on CPU the physical RAM; the pool is only backed as pages get written) in whole pages."""
+    memory (on CPU the physical RAM; the pool is only backed as pages get written) less the decode
+    view's cap, which holds copies of the decoding rows' KV, in whole pages."""
     if cfg.max_total_tokens is not None:
         tokens = cfg.max_total_tokens
     else:
@@ -100,7 +101,7 @@ def kv_pool_tokens(cfg: EngineConfig, bytes_per_token: int) -> int:
             memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         else:
             memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        tokens = int(memory * cfg.mem_fraction_static) // bytes_per_token
+        tokens = (int(memory * cfg.mem_fraction_static) - DECODE_VIEW_BYTES) // bytes_per_token
     tokens -= tokens % cfg.page_size
     if tokens < cfg.page_size:
         raise ValueError(f"the KV pool must hold at least one page ({cfg.page_size} tokens), got {tokens} tokens")

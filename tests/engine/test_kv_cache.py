@@ -3,13 +3,18 @@ full Hugging Face forward (prefix hits, chunk boundaries, eviction, a pool too s
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from slimeish.engine.config import EngineConfig
 from slimeish.engine.kv_cache import PagePool
+from slimeish.engine.model_runner import DECODE_VIEW_BYTES
 from slimeish.engine.protocol import SamplingParams, SequenceRequest
 from slimeish.engine.scheduler import Scheduler, Sequence
+from slimeish.engine.server import kv_pool_tokens
 from tests.engine.test_runner import assert_exact, make_scheduler
 
 
@@ -142,3 +147,16 @@ def test_a_prompt_is_shared_as_soon_as_it_is_prefilled(tiny_model, hf_model):
     assert (first.cached_tokens, twin.cached_tokens) == (0, 20)
     for seq in (first, twin):
         assert_exact(hf_model, seq)
+
+
+def test_the_memory_fraction_holds_the_pool_and_the_decode_view():
+    """Without --max-total-tokens the pool is the share of RAM less the decode view's cap: the two
+    together stay within --mem-fraction-static."""
+    bytes_per_token = 4096
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cfg = EngineConfig(model="unused", device="cpu", mem_fraction_static=0.05)
+    tokens = kv_pool_tokens(cfg, bytes_per_token)
+    assert tokens % cfg.page_size == 0 and tokens >= cfg.page_size
+    assert tokens * bytes_per_token + DECODE_VIEW_BYTES <= ram * cfg.mem_fraction_static
+    assert (tokens + cfg.page_size) * bytes_per_token + DECODE_VIEW_BYTES > ram * cfg.mem_fraction_static
+    assert kv_pool_tokens(EngineConfig(model="unused", max_total_tokens=1000), bytes_per_token) == 992  # whole pages
