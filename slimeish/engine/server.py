@@ -104,7 +104,10 @@ def kv_pool_tokens(cfg: EngineConfig, bytes_per_token: int) -> int:
         tokens = (int(memory * cfg.mem_fraction_static) - DECODE_VIEW_BYTES) // bytes_per_token
     tokens -= tokens % cfg.page_size
     if tokens < cfg.page_size:
-        raise ValueError(f"the KV pool must hold at least one page ({cfg.page_size} tokens), got {tokens} tokens")
+        raise ValueError(
+            f"the KV pool must hold at least one page ({cfg.page_size} tokens), got {max(tokens, 0)} tokens: "
+            "raise --max-total-tokens, or --mem-fraction-static (its share holds the pool and 256 MiB of decode view)"
+        )
     return tokens
 
 

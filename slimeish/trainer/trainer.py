@@ -52,7 +52,8 @@ from slimeish.trainer.loss_hooks import (
     slime_loss_args,
 )
 from slimeish.trainer.megatron_hooks import MegatronHooks, trainer_args
-from slimeish.trainer.model import build_gpt_model, gpt_logits, model_shape, start_moe_step, stop_moe_aux_loss
+from slimeish.trainer.model import build_gpt_model, gpt_logits, model_shape
+from slimeish.trainer.moe_aux_loss import start_moe_step, stop_moe_aux_loss
 from slimeish.trainer.optimizer import (
     build_cpu_optimizer,
     build_gpu_optimizer,

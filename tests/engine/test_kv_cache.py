@@ -160,3 +160,5 @@ def test_the_memory_fraction_holds_the_pool_and_the_decode_view():
     assert tokens * bytes_per_token + DECODE_VIEW_BYTES <= ram * cfg.mem_fraction_static
     assert (tokens + cfg.page_size) * bytes_per_token + DECODE_VIEW_BYTES > ram * cfg.mem_fraction_static
     assert kv_pool_tokens(EngineConfig(model="unused", max_total_tokens=1000), bytes_per_token) == 992  # whole pages
+    with pytest.raises(ValueError, match=r"got 0 tokens: raise --max-total-tokens, or --mem-fraction-static"):
+        kv_pool_tokens(EngineConfig(model="unused", mem_fraction_static=DECODE_VIEW_BYTES / ram / 2), bytes_per_token)
