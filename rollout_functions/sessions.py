@@ -269,6 +269,7 @@ def rollout_output(groups: list[list[Sample]], evaluation: bool) -> RolloutFnTra
         "failed": float(sum(s.status == Status.FAILED for s in samples)),
         "truncated": float(sum(s.status == Status.TRUNCATED for s in samples)),
         "episodes": float(len(samples)),
+        "rewarded": float(len(rewards)),  # what reward_mean and reward_std are over
         # members generated again after their worker was lost (EpisodeLost): infrastructure, not the agent
         "regenerated": float(sum(s.metadata.get(REGENERATED, 0) for s in samples)),
     }

@@ -103,6 +103,7 @@ async def train(setup: TrainSetup, stack: RunningStack, run_id: str) -> None:
                 taken = await collect_groups(p.buffer, p.producer, n_groups, p.trainer.weight_version, run.mode)
             metrics |= {f"buffer/{name}": float(n) for name, n in taken.counters().items()}
             metrics |= await train_or_log(p, taken.groups, rollout_only=run.debug_rollout_only)
+            metrics |= p.producer.take_metrics()
             step_s = sum(metrics.get(f"time/{phase}", 0.0) for phase in ("rollout", "train", "sync"))
             metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens", 0.0) / step_s
             samples = [s for g in taken.groups for s in g.samples]
@@ -137,7 +138,7 @@ async def train_and_sync(p: Parts, groups: list[Group]) -> dict[str, Any]:
         metrics |= prefixed("train", await asyncio.to_thread(p.trainer.train_step, samples))
     with timed(metrics, "time/sync"):
         metrics |= prefixed("time/sync", await asyncio.to_thread(p.sync.sync, p.trainer))
-    metrics |= p.producer.metrics | await asyncio.to_thread(p.router_counters.delta)
+    metrics |= await asyncio.to_thread(p.router_counters.delta)
     if p.dynamic_filter is not None:
         metrics |= p.dynamic_filter.metrics()
     return metrics

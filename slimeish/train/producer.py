@@ -34,6 +34,7 @@ from slimeish.rollout import (
     session_metadata,
     training_group_id,
 )
+from slimeish.rollout.episode_metrics import merged
 from slimeish.rollout.router_sessions import RouterSessions, SessionRef
 from slimeish.rollout.run_state import rollout_run
 
@@ -173,7 +174,7 @@ class RolloutProducer:
         self.data = data
         self.buffer = buffer
         self.rollout_id = 0
-        self.metrics: dict[str, float] = {}
+        self._call_metrics: list[dict[str, float]] = []  # of the rollout calls since `take_metrics`
         self._tasks: list[asyncio.Task] = []
         self._slots: asyncio.Semaphore | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -192,7 +193,7 @@ class RolloutProducer:
             )
         return self._sessions
 
-    async def run_once(self, n_groups: int | None = None) -> dict[str, float]:
+    async def run_once(self, n_groups: int | None = None) -> None:
         """One rollout call for `n_groups` groups (default: a batch): regenerations first."""
         args = self.args
         if n_groups is not None and n_groups != args.rollout_batch_size:
@@ -209,8 +210,12 @@ class RolloutProducer:
         loop = asyncio.get_running_loop()
         out = train_output(await loop.run_in_executor(self._executor, self.rollout_fn, args, rollout_id, self.data))
         await store_uncaptured(self.buffer, out.samples, args, self._router_sessions)
-        self.metrics = {f"episodes/{k}": v for k, v in out.metrics.items()}
-        return self.metrics
+        self._call_metrics.append(out.metrics)
+
+    def take_metrics(self) -> dict[str, float]:
+        """`episodes/`: the rollout calls that finished since the last take, merged into one step's."""
+        calls, self._call_metrics = self._call_metrics, []
+        return {f"episodes/{k}": v for k, v in merged(calls).items()}
 
     def start(self, max_groups: int) -> None:
         self._slots = asyncio.Semaphore(max_groups)

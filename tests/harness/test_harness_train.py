@@ -111,8 +111,8 @@ def test_three_steps_train_each_group_once_and_regenerate_the_infrastructures_fa
     assert {s.metadata.get(OUTCOME, {}).get("kind") for s in samples} <= set(OWN_OUTCOMES)
     if mode == "sync":
         # every group drawn is trained; an async run stops with its last groups generated but not
-        # taken (a faulty member may be among them), and its episodes/* metrics are the last
-        # rollout call's (one group), so the faults are followed in sync mode
+        # taken (a faulty member may be among them, its call's episodes/* in no step's line), so
+        # the faults are followed in sync mode
         faults_regenerated_once_and_the_timeout_trained(rows, trained)
 
 

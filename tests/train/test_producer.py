@@ -9,6 +9,7 @@ from slimeish.buffer import Buffer, BufferConfig
 from slimeish.common.sample import Sample
 from slimeish.data import DataSource
 from slimeish.rollout import RolloutFnTrainOutput
+from slimeish.rollout_functions.sessions import rollout_output
 from slimeish.train.producer import RolloutProducer, sample_to_turns
 
 
@@ -88,6 +89,27 @@ async def test_stale_members_are_generated_again_into_their_group(valkey):
         (2, 2.0, [5]),
     ]
     assert group.metadata == {"prompt": "p", "label": "L", "group_index": 0, "eval": False, "k": 1}
+
+
+class ReportingRollout(VersionedRollout):
+    """VersionedRollout with the metrics every built-in rollout function reports."""
+
+    def __call__(self, args, rollout_id, data_source, evaluation=False):
+        return rollout_output(super().__call__(args, rollout_id, data_source).samples, evaluation)
+
+
+async def test_a_step_reports_every_rollout_call_since_the_last_one(valkey):
+    # async mode runs a call per group: a step's episodes/ covers all of them, not the last one
+    args = SimpleNamespace(rollout_batch_size=1, n_samples_per_prompt=2)
+    data = DataSource([Sample(prompt="p", label="L"), Sample(prompt="q", label="M")], 2, shuffle=False)
+    async with Buffer(valkey.url, "producer-metrics", BufferConfig()) as buffer:
+        producer = RolloutProducer(ReportingRollout({0: 0, 1: 0}), args, data, buffer)
+        await producer.run_once()
+        await producer.run_once()
+        step = producer.take_metrics()
+        assert producer.take_metrics() == {}  # taken once
+    assert step["episodes/episodes"] == 4 and step["episodes/rewarded"] == 4
+    assert step["episodes/reward_mean"] == 0.5 and step["episodes/reward_std"] == 0.5  # rewards 0, 1, 0, 1
 
 
 class TeacherScoredRollout:
