@@ -4,7 +4,7 @@ step reported, merged into one line.
 One step can take several rollout calls: async mode runs one call per group, and sync mode calls
 again for groups that were filtered, failed or reopened as stale. Logging the last call's metrics
 would report one group's `failed` for a whole step, so they are merged by kind:
-- counts (`SUMMED`, and `harness_<kind>`) are summed;
+- counts (`SUMMED`, `harness_<kind>`, and any key ending in `_count`) are summed;
 - `reward_mean` and `reward_std` are pooled over the calls' rewarded episodes, exactly (each call
   reports its population mean and std and the count `rewarded` they are over);
 - any other key is the mean over the calls that reported it (the last value if one is not a number).
@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 
 SUMMED = frozenset({"episodes", "failed", "truncated", "regenerated", "rewarded"})
 SUMMED_PREFIXES = ("harness_",)
+SUMMED_SUFFIX = "_count"  # how a custom rollout function names a count of its own
 POOLED = ("reward_mean", "reward_std")
 # The count `reward_mean` and `reward_std` are over; without it they are averaged like any key.
 POOLED_OVER = "rewarded"
@@ -35,7 +36,7 @@ def merged(calls: Sequence[Mapping[str, float]]) -> dict[str, float]:
         values = [call[key] for call in calls if key in call]
         if not all(isinstance(v, numbers.Real) for v in values):
             out[key] = values[-1]
-        elif key in SUMMED or key.startswith(SUMMED_PREFIXES):
+        elif key in SUMMED or key.startswith(SUMMED_PREFIXES) or key.endswith(SUMMED_SUFFIX):
             out[key] = float(sum(values))
         elif not (pooled and key in POOLED):
             out[key] = sum(values) / len(values)

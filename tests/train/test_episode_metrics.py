@@ -28,8 +28,11 @@ def test_calls_merge_to_what_one_call_over_all_their_episodes_reports():
 
 
 def test_counts_sum_other_keys_average_and_one_call_is_kept_as_returned():
-    calls = [{"harness_sandbox_failed": 1.0, "turns": 4.0}, {"harness_sandbox_failed": 2.0, "turns": 6.0, "x": 1.0}]
-    assert merged(calls) == {"harness_sandbox_failed": 3.0, "turns": 5.0, "x": 1.0}
+    calls = [
+        {"harness_sandbox_failed": 1.0, "turns": 4.0, "tool_count": 2.0},
+        {"harness_sandbox_failed": 2.0, "turns": 6.0, "tool_count": 3.0, "x": 1.0},
+    ]
+    assert merged(calls) == {"harness_sandbox_failed": 3.0, "turns": 5.0, "tool_count": 5.0, "x": 1.0}
     one = {"reward_mean": 0.7, "reward_std": 0.3, "rewarded": 2.0}
     assert merged([one]) == one and merged([]) == {}
 
