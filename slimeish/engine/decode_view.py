@@ -36,7 +36,6 @@ class DecodeView:
         self.values: list[torch.Tensor] = []
         self.members: list[int] = []  # the id of the sequence in each row; row i of the batch is row i here
         self.lengths: dict[int, int] = {}  # id -> positions of its row that hold its KV
-        self.row_of: dict[int, int] = {}  # id -> its row
         self.capacity = 0
 
     def arrange(
@@ -56,7 +55,8 @@ class DecodeView:
             # token's slot is the one after the last step's (most steps; no index built anew)
             self.lengths = {key: pos + 1 for key, pos in current.items()}
             self.write = {h: slots + 1 for h, slots in self.write.items()}
-            return [self.row_of[key] for key in ids]
+            row_of = {key: row for row, key in enumerate(self.members)}
+            return [row_of[key] for key in ids]
         # a row is kept when its sequence is still in the batch at the length the view holds
         kept = {key for key in self.members if current.get(key) == self.lengths.get(key)}
         row_of = {key: row for row, key in enumerate(self.members) if key in kept}
@@ -72,7 +72,6 @@ class DecodeView:
         at_row = [0] * n
         for i, key in enumerate(ids):
             self.members[row_of[key]], at_row[row_of[key]] = key, positions[i]
-        self.row_of = row_of
         self.lengths = {key: pos + 1 for key, pos in current.items()}  # after this step's write
         if moves:
             src_rows, dst_rows = (

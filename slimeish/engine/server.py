@@ -106,7 +106,8 @@ def kv_pool_tokens(cfg: EngineConfig, bytes_per_token: int) -> int:
     if tokens < cfg.page_size:
         raise ValueError(
             f"the KV pool must hold at least one page ({cfg.page_size} tokens), got {max(tokens, 0)} tokens: "
-            "raise --max-total-tokens, or --mem-fraction-static (its share holds the pool and 256 MiB of decode view)"
+            "raise --max-total-tokens, or --mem-fraction-static (its share holds the pool and "
+            f"{DECODE_VIEW_BYTES >> 20} MiB of decode view)"
         )
     return tokens
 

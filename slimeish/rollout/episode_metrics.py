@@ -17,12 +17,12 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 
-SUMMED = frozenset({"episodes", "failed", "truncated", "regenerated", "rewarded"})
-SUMMED_PREFIXES = ("harness_",)
-SUMMED_SUFFIX = "_count"  # how a custom rollout function names a count of its own
 POOLED = ("reward_mean", "reward_std")
 # The count `reward_mean` and `reward_std` are over; without it they are averaged like any key.
 POOLED_OVER = "rewarded"
+SUMMED = frozenset({"episodes", "failed", "truncated", "regenerated", POOLED_OVER})
+SUMMED_PREFIXES = ("harness_",)
+SUMMED_SUFFIX = "_count"  # how a custom rollout function names a count of its own
 
 
 def merged(calls: Sequence[Mapping[str, float]]) -> dict[str, float]:
