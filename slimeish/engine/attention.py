@@ -60,7 +60,7 @@ def paged_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | ChunkSpan | None,
+    attention_mask: torch.Tensor | ChunkSpan | MixedStep | None,
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs,

@@ -151,6 +151,11 @@ class LoraServing:
         finally:
             self._rows = []
 
+    @property
+    def in_use(self) -> bool:
+        """Whether a row of the running forward uses an adapter (then its modules' hooks must run)."""
+        return bool(self._rows)
+
     def _adapter(self, name: str) -> LoraAdapter:
         return self.adapters.get(name) or self._retiring[name]
 

@@ -1,8 +1,8 @@
 """The model runner: a Hugging Face causal LM plus a paged KV cache, one forward per call.
 
 The model's own modules run the forward (embedding, decoder layers, rotary, norm, head), so any
-Llama / Qwen2 / Qwen3 / Qwen3-MoE / GLM-4.5 / DeepSeek-V3 checkpoint works unchanged. Two things
-are ours:
+Llama / Qwen2 / Qwen3 / Qwen3-MoE / GLM-4.5 / DeepSeek-V3 checkpoint works unchanged; dense
+Llama-family layers run the same math as fused ops (`fused_decoder`). Two things are ours:
 
 * `PagedKV` replaces HF's cache: per layer one pool of token slots `[kv_heads, slots, head_dim]`
   (DeepSeek-V3: its MLA latents, see `mla`),
@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from slimeish.engine import mla
 from slimeish.engine.attention import ATTN_IMPLEMENTATION, ChunkSpan, MixedStep
 from slimeish.engine.decode_view import DecodeView
+from slimeish.engine.fused_decoder import FUSED_TYPES, FusedDecoder
 from slimeish.engine.lora import LoraServing
 from slimeish.engine.moe import RouteRecorder, expert_target, moe_routers
 
@@ -153,6 +154,8 @@ class ModelRunner:
         self.routes: RouteRecorder | None = None  # MoE models: the experts each KV slot's token took
         self.page_size = self._pad_page = 0  # set by allocate_kv
         self.lora = LoraServing(self.model)
+        # dense Llama-family layers run as fused ops (fewer, cheaper calls); the modules stay for the rest
+        self.fused = FusedDecoder(self.model) if cfg.model_type in FUSED_TYPES else None
 
     def allocate_kv(self, num_pages: int, page_size: int) -> None:
         """The KV pool: `num_pages` pages of `page_size` token slots per layer."""
@@ -320,8 +323,12 @@ class ModelRunner:
 
     def _stack(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | ChunkSpan | MixedStep):
         """The decoder stack driven directly (as `model.model.forward` does), minus its per-call
-        mask building and output bookkeeping, which cost more than the layers for small models."""
+        mask building and output bookkeeping, which cost more than the layers for small models;
+        fused (`fused_decoder`) unless the model is not a dense Llama-family one or a row of this
+        forward uses a LoRA adapter (added by hooks on the modules)."""
         assert self.cache is not None, "allocate_kv first"
+        if self.fused is not None and not self.lora.in_use:
+            return self.fused(ids, positions, mask, self.cache)
         if self.routes is not None:
             self.routes.write = self.cache.write
         inner = self.model.model
