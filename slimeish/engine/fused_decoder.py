@@ -66,10 +66,11 @@ class FusedDecoder:
 
     def __init__(self, model: nn.Module):
         # HF config and submodules: attributes `nn.Module.__getattr__` types as `Tensor | Module`
-        cfg: Any = model.config
+        hf: Any = model
+        cfg, inner = hf.config, hf.model
         assert cfg.model_type in FUSED_TYPES, cfg.model_type
-        inner: Any = model.model
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        self.norm, self.lm_head = inner.norm.weight, hf.lm_head.weight
         self.eps = float(cfg.rms_norm_eps)
         self.head_dim = inner.layers[0].self_attn.head_dim
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -120,3 +121,7 @@ class FusedDecoder:
             gated = self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
             hidden = hidden + F.linear(gated, layer.down, layer.down_bias)
         return hidden
+
+    def head(self, hidden: Tensor) -> Tensor:
+        """The final norm and the LM head: the logits, in the model's dtype."""
+        return F.linear(F.rms_norm(hidden, (hidden.shape[-1],), self.norm, self.eps), self.lm_head)

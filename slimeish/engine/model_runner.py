@@ -354,6 +354,8 @@ class ModelRunner:
         return torch.tensor(xs, dtype=torch.long, device=self.device)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None and not self.lora.in_use:
+            return self.fused.head(hidden).float()
         return self.model.lm_head(self.model.model.norm(hidden)).float()
 
     def _token_logprobs(self, hidden: torch.Tensor, targets: list[int]) -> list[float]:
