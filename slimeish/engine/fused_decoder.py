@@ -11,8 +11,9 @@ The fused weights are the model's own storage: each projection's `weight` (and `
 view into its fused tensor, so every weight update (`ModelRunner._copy_in` copies into the
 parameters) lands in both, and the module path (`ModelRunner._stack`, which MoE and MLA models,
 and rows that use a LoRA adapter, take: the adapters hook the modules) reads the same numbers.
-The math is the modules' in the same order; `tests/engine/test_fused_decoder.py` holds the two
-paths' hidden states to each other.
+The math is the modules', op for op, but for rounding (a fused `rms_norm` and a wider matmul may
+round differently); `tests/engine/test_fused_decoder.py` holds the two paths' tokens and
+log-probs to each other.
 """
 
 from __future__ import annotations
