@@ -324,11 +324,10 @@ class ModelRunner:
     def _stack(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | ChunkSpan | MixedStep):
         """The decoder stack driven directly (as `model.model.forward` does), minus its per-call
         mask building and output bookkeeping, which cost more than the layers for small models;
-        fused (`fused_decoder`) unless the model is not a dense Llama-family one or a row of this
-        forward uses a LoRA adapter (added by hooks on the modules)."""
+        fused (`fused_decoder`) when `_fused_now` says so."""
         assert self.cache is not None, "allocate_kv first"
-        if self.fused is not None and not self.lora.in_use:
-            return self.fused(ids, positions, mask, self.cache)
+        if fused := self._fused_now():
+            return fused(ids, positions, mask, self.cache)
         if self.routes is not None:
             self.routes.write = self.cache.write
         inner = self.model.model
@@ -353,9 +352,14 @@ class ModelRunner:
         (~40 % of the call for a decode batch's 64 ints; a step makes ~10 such calls)."""
         return torch.tensor(xs, dtype=torch.long, device=self.device)
 
+    def _fused_now(self) -> FusedDecoder | None:
+        """The fused decoder, unless this model has none or a row of the running forward uses a
+        LoRA adapter (its delta is added by hooks on the modules)."""
+        return None if self.lora.in_use else self.fused
+
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.fused is not None and not self.lora.in_use:
-            return self.fused.head(hidden).float()
+        if fused := self._fused_now():
+            return fused.head(hidden).float()
         return self.model.lm_head(self.model.model.norm(hidden)).float()
 
     def _token_logprobs(self, hidden: torch.Tensor, targets: list[int]) -> list[float]:
