@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimeish.common.config import help_field
-from slimeish.common.procs import die_with_parent, guarded_shell
+from slimeish.common.procs import guarded_shell
 from slimeish.common.sample import Sample, Status
 from slimeish.rollout import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slimeish.rollout_functions.agent_workers import AgentWorkersConfig, workers_of
@@ -61,23 +61,24 @@ def parse_reward(stdout: str) -> float | None:
 
 async def run_command(command: str, env: dict[str, str], stdin: bytes | None = None) -> str:
     """Run `command` in a process group of its own, which ends with it: every process it started
-    is killed when it exits, when the episode is cancelled (its timeout), and, through a guard
-    shell (`guarded_shell`), when this process dies (a Ray worker force-killed after its grace)."""
-    proc = await asyncio.create_subprocess_exec(
-        *guarded_shell(command),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **env},
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
-    try:
-        out, err = await proc.communicate(stdin)
-    finally:  # done, failed or cancelled (the timeout): the whole command tree goes
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+    is killed when it exits, when the episode is cancelled (its timeout), and, through the guard's
+    watchdog (`guarded_shell`), when this process dies (a Ray worker force-killed after its grace)."""
+    with guarded_shell(command) as (argv, lifeline):
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **env},
+            start_new_session=True,
+            pass_fds=[lifeline],
+        )
+        try:
+            out, err = await proc.communicate(stdin)
+        finally:  # done, failed or cancelled (the timeout): the whole command tree goes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
     if proc.returncode != 0:
         raise AgentCommandError(f"{command!r} exited with {proc.returncode}: {err.decode(errors='replace')[-500:]}")
     return out.decode(errors="replace")

@@ -18,6 +18,7 @@ attempt would add its turns to the same session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import threading
 from collections.abc import Callable, Coroutine
@@ -29,11 +30,12 @@ from slimeish.rollout_functions.sessions import EpisodeLost
 
 T = TypeVar("T")
 
-# A cancelled task first gets KeyboardInterrupt, so that it cancels its coroutine (which kills the
-# command's process group); a task still running after this long is force-killed. Generous: Ray
-# SIGKILLs a force-killed worker's children first, the command's guard among them, so its group
-# would outlive it (a loaded machine's fresh-clone suite saw a graceful cancel take over 5 s).
+# A cancelled task gets KeyboardInterrupt, so that it cancels its coroutine (which kills the
+# command's process group), again every `RECANCEL_S` while it runs (a cancel that reaches a worker
+# just as it starts the task can be lost); a task still running after `CANCEL_GRACE_S` is
+# force-killed, which costs its worker (the command's group still goes: `guarded_shell`).
 CANCEL_GRACE_S = 30.0
+RECANCEL_S = 5.0
 POLL_S = 0.2  # how often a task's loop wakes up to notice a cancellation
 
 
@@ -140,13 +142,15 @@ async def _result(ref: Any) -> Any:
 async def _cancel(ref: Any) -> None:
     import ray
 
-    ray.cancel(ref)
-    try:
-        await asyncio.wait_for(asyncio.shield(_result(ref)), CANCEL_GRACE_S)
-    except TimeoutError:  # stuck where KeyboardInterrupt cannot reach it
-        ray.cancel(ref, force=True)
-    except Exception:  # ended: cancelled, or failed on its own
-        pass
+    ended = asyncio.ensure_future(_result(ref))
+    ended.add_done_callback(lambda f: f.cancelled() or f.exception())  # its outcome is not the episode's
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CANCEL_GRACE_S
+    while (left := deadline - loop.time()) > 0:
+        ray.cancel(ref)
+        if (await asyncio.wait([ended], timeout=min(RECANCEL_S, left)))[0]:
+            return  # cancelled, or it ended on its own meanwhile
+    ray.cancel(ref, force=True)  # stuck where KeyboardInterrupt cannot reach it
 
 
 def _run_in_task(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> tuple[T, str]:
@@ -161,7 +165,9 @@ def _run_in_task(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> tuple
             loop.run_until_complete(asyncio.wait([task], timeout=POLL_S))
     except KeyboardInterrupt:
         task.cancel()
-        loop.run_until_complete(asyncio.wait([task]))
+        while not task.done():
+            with contextlib.suppress(KeyboardInterrupt):  # a cancel sent again: this one is under way
+                loop.run_until_complete(asyncio.wait([task]))
         raise
     finally:
         loop.close()

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -54,20 +54,34 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-# `guarded_shell`'s script: $1 is the command line, $2 the pid of the process starting it. Armed
-# first (SIGTERM, which `die_with_parent` sends when that process dies, kills the whole group),
-# then checked that $2 is still its parent (it may have died before the signal was armed), and only
-# then is the command started, in the background so that the trap runs while it does. fd 3 carries
-# stdin past sh's /dev/null for background jobs.
-_GUARDED = 'trap "kill -KILL 0" TERM; [ "$PPID" = "$2" ] || exit 137; exec 3<&0; sh -c "$1" 0<&3 3<&- & wait $!'
+# `guarded_shell`'s script (bash: sh cannot name an fd above 9): $1 is the command line, $2 the
+# fd of the lifeline's read end. First every other descriptor past stdio is closed: a starter on
+# uvloop (Ray's workers) hands its children all its inheritable ones, which the command must not
+# hold (a copy of its own stdout pipe in a process that outlives it keeps the reader waiting). The
+# watchdog, started next, reads the lifeline until EOF, i.e. until its starter's end is closed (by
+# the starter, or by its death, however it dies), then kills the whole group. It is a process of
+# its own, not the shell leading the group: Ray SIGKILLs a force-killed worker's direct children,
+# the leader among them, and a killed shell runs no trap. fd 3 carries stdin past bash's /dev/null
+# for background jobs.
+_GUARDED = (
+    'for fd in /proc/$$/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && [ "$fd" != "$2" ] && eval "exec $fd>&-"; done; '
+    '( read -r -u "$2" _; kill -KILL 0 ) </dev/null >/dev/null 2>&1 & eval "exec $2<&-"; '
+    'exec 3<&0; sh -c "$1" 0<&3 3<&- & wait $!'
+)
 
 
-def guarded_shell(command: str) -> list[str]:
-    """The argv that runs shell `command` so that its whole process group (start it with
-    `start_new_session=True` and `preexec_fn=die_with_parent`) is killed if the starting process dies,
-    however it dies: a group in a session of its own outlives its starter otherwise. There is no
-    window: a command whose starter died before the guard was armed never starts."""
-    return ["sh", "-c", _GUARDED, "guarded", command, str(os.getpid())]
+@contextlib.contextmanager
+def guarded_shell(command: str) -> Iterator[tuple[list[str], int]]:
+    """(argv, fd): start `argv` inside the block with `start_new_session=True` and `pass_fds=[fd]`,
+    and shell `command`'s whole process group is killed once this process dies, however it dies (a
+    group in a session of its own outlives its starter otherwise), or once the block is left. There
+    is no window: a watchdog whose starter is already gone finds its lifeline closed at once."""
+    read_end, write_end = os.pipe()  # neither is inherited by other children: only `pass_fds` passes one
+    try:
+        yield ["bash", "-c", _GUARDED, "guarded", command, str(read_end)], read_end
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 class ManagedProcess:

@@ -8,6 +8,7 @@ it loses the episode, which is generated again in a new session on a node that i
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -15,11 +16,13 @@ import time
 import pytest
 
 from slimeish.common.sample import Sample
+from slimeish.rollout_functions import agent_workers
 from slimeish.rollout_functions.agent_command import generate_rollout as command_rollout
+from slimeish.rollout_functions.agent_command import run_command
 from slimeish.rollout_functions.openai_agent import generate_rollout as agent_rollout
 from slimeish.rollout_functions.sessions import REGENERATED
 from tests.demo.test_openai_agent import calculator, make_args
-from tests.train.test_agent_command import TREE, gone
+from tests.train.test_agent_command import TREE, gone, noted_pid
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +31,7 @@ ON_AGENTS |= {"agent_runtime_env": {}, "ray_address": None}
 # not make_args' 5 s: on a loaded machine a fresh Ray worker alone can take that long to start the
 # episode (stop 33's fresh-clone suite timed out the OpenAI agent's two tasks); the timeout test sets its own
 ON_AGENTS |= {"rollout_timeout": 60.0}
+ON_AGENTS_CONFIG = {k: ON_AGENTS[k] for k in ("agent_workers", "agent_num_cpus", "agent_resources")}
 
 
 class _Source:
@@ -89,6 +93,36 @@ def test_timeout_cancels_the_task_and_kills_the_command_tree(router, ray_cluster
     assert pid_file.exists(), "the command never started before the timeout: nothing was checked"
     # within a generous bound, so that a loaded machine does not fail it
     assert gone(int(pid_file.read_text())), "the command's child outlived the cancelled task"
+
+
+async def _deaf_agent(command: str) -> None:
+    """An agent deaf to cancellation (it swallows KeyboardInterrupt and CancelledError, as code
+    stuck in a C call would, in effect): its command runs on until the task is force-killed."""
+    running = asyncio.ensure_future(run_command(command, {}))
+    while True:
+        try:
+            await asyncio.shield(running)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            continue
+
+
+def test_a_task_deaf_to_cancellation_is_force_killed_and_its_command_tree_goes(ray_cluster, tmp_path, monkeypatch):
+    # Ray's force-kill SIGKILLs the worker's direct children (the command's guard shell among them)
+    # and then the worker: the guard's watchdog, not the killed shell, takes the group down.
+    monkeypatch.setattr(agent_workers, "CANCEL_GRACE_S", 4.0)
+    monkeypatch.setattr(agent_workers, "RECANCEL_S", 1.0)  # cancels sent again meanwhile are swallowed too
+    workers = agent_workers.RayWorkers(agent_workers.AgentWorkersConfig(**ON_AGENTS_CONFIG))
+    pid_file = tmp_path / "pid"
+
+    async def episode() -> None:
+        task = asyncio.create_task(workers.run(_deaf_agent, TREE.format(pid_file=pid_file)))
+        await asyncio.to_thread(noted_pid, pid_file)
+        task.cancel()  # the episode's timeout
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(episode())
+    assert gone(noted_pid(pid_file)), "the command's child outlived the force-killed task"
 
 
 def test_an_episode_whose_node_dies_is_generated_again_on_another_node(router, ray_cluster, tmp_path):

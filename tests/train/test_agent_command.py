@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import uvloop
 
 from slimeish.rollout_functions.agent_command import AgentCommandConfig, AgentCommandError, parse_reward, run_command
 from slimeish.rollout_functions.agent_workers import workers_of
@@ -34,6 +35,21 @@ def test_parse_reward(stdout, reward):
 def test_command_sees_session_env_and_stdin():
     out = asyncio.run(run_command('echo "$OPENAI_BASE_URL"; cat', {"OPENAI_BASE_URL": "http://x/v1"}, b"in"))
     assert out == "http://x/v1\nin"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_command_inherits_no_descriptor_but_stdio(loop):
+    """Not the guard's lifeline (the watchdog's alone), nor what uvloop (the loop of Ray's workers)
+    hands every child: all of the starter's inheritable descriptors."""
+    inheritable = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(inheritable, True)
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+            # bounded: a copy of its stdout pipe left in the watchdog would keep the reader waiting
+            listed = runner.run(asyncio.wait_for(run_command("ls /proc/$$/fd", {}), GONE_WITHIN_S))
+        assert listed.split() == ["0", "1", "2"]
+    finally:
+        os.close(inheritable)
 
 
 def test_crash_is_an_error_with_stderr():
@@ -94,9 +110,11 @@ def test_what_a_finished_command_left_running_is_killed(tmp_path):
     assert gone(noted_pid(pid_file)), "a process the command left running outlived it"
 
 
-def test_the_commands_of_a_runner_that_dies_die_with_it(tmp_path):
-    """A Ray worker force-killed after its cancellation grace cannot kill the command's group
-    itself: the guard process does."""
+@pytest.mark.parametrize("children_first", [False, True], ids=["runner", "children-then-runner"])
+def test_the_commands_of_a_runner_that_dies_die_with_it(tmp_path, children_first):
+    """A runner that dies cannot kill the command's group itself: the guard's watchdog does. A Ray
+    worker force-killed after its cancellation grace SIGKILLs its direct children first (the
+    guard shell among them: `RAY_kill_child_processes_on_worker_exit`), then exits."""
     pid_file = tmp_path / "pid"
     code = (
         "import asyncio; from slimeish.rollout_functions.agent_command import run_command; "
@@ -105,12 +123,23 @@ def test_the_commands_of_a_runner_that_dies_die_with_it(tmp_path):
     runner = subprocess.Popen([sys.executable, "-c", code])
     try:
         child = noted_pid(pid_file)
+        if children_first:
+            for pid in direct_children(runner.pid):
+                os.kill(pid, signal.SIGKILL)
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait()
         assert gone(child), "the command's child outlived the runner that died"
     finally:
         runner.kill()
         runner.wait()
+
+
+def direct_children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    children = [Path(f"{task}/children").read_text().split() for task in tasks]
+    found = [int(c) for ids in children for c in ids]
+    assert found, "the runner started no process"
+    return found
 
 
 @pytest.mark.parametrize(
