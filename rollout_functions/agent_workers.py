@@ -30,12 +30,11 @@ from slimeish.rollout_functions.sessions import EpisodeLost
 
 T = TypeVar("T")
 
-# A cancelled task gets KeyboardInterrupt, so that it cancels its coroutine (which kills the
-# command's process group), again every `RECANCEL_S` while it runs (a cancel that reaches a worker
-# just as it starts the task can be lost); a task still running after `CANCEL_GRACE_S` is
-# force-killed, which costs its worker (the command's group still goes: `guarded_shell`).
+# A cancelled task gets KeyboardInterrupt (Ray sends it again while the task runs on), so that
+# it cancels its coroutine, which kills the command's process group; a task still running
+# after this long is force-killed, which costs its worker (the command's group still goes:
+# `guarded_shell`).
 CANCEL_GRACE_S = 30.0
-RECANCEL_S = 5.0
 POLL_S = 0.2  # how often a task's loop wakes up to notice a cancellation
 
 
@@ -144,13 +143,12 @@ async def _cancel(ref: Any) -> None:
 
     ended = asyncio.ensure_future(_result(ref))
     ended.add_done_callback(lambda f: f.cancelled() or f.exception())  # its outcome is not the episode's
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + CANCEL_GRACE_S
-    while (left := deadline - loop.time()) > 0:
-        ray.cancel(ref)
-        if (await asyncio.wait([ended], timeout=min(RECANCEL_S, left)))[0]:
-            return  # cancelled, or it ended on its own meanwhile
-    ray.cancel(ref, force=True)  # stuck where KeyboardInterrupt cannot reach it
+    ray.cancel(ref)
+    try:
+        await asyncio.wait([ended], timeout=CANCEL_GRACE_S)
+    finally:
+        if not ended.done():  # stuck where KeyboardInterrupt cannot reach it, or the run stopped waiting
+            ray.cancel(ref, force=True)
 
 
 def _run_in_task(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> tuple[T, str]:
@@ -166,7 +164,7 @@ def _run_in_task(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> tuple
     except KeyboardInterrupt:
         task.cancel()
         while not task.done():
-            with contextlib.suppress(KeyboardInterrupt):  # a cancel sent again: this one is under way
+            with contextlib.suppress(KeyboardInterrupt):  # Ray's cancel sent again: this one is under way
                 loop.run_until_complete(asyncio.wait([task]))
         raise
     finally:

@@ -110,7 +110,6 @@ def test_a_task_deaf_to_cancellation_is_force_killed_and_its_command_tree_goes(r
     # Ray's force-kill SIGKILLs the worker's direct children (the command's guard shell among them)
     # and then the worker: the guard's watchdog, not the killed shell, takes the group down.
     monkeypatch.setattr(agent_workers, "CANCEL_GRACE_S", 4.0)
-    monkeypatch.setattr(agent_workers, "RECANCEL_S", 1.0)  # cancels sent again meanwhile are swallowed too
     workers = agent_workers.RayWorkers(agent_workers.AgentWorkersConfig(**ON_AGENTS_CONFIG))
     pid_file = tmp_path / "pid"
 
