@@ -22,7 +22,7 @@ from slimeish.rollout_functions.agent_command import run_command
 from slimeish.rollout_functions.openai_agent import generate_rollout as agent_rollout
 from slimeish.rollout_functions.sessions import REGENERATED
 from tests.demo.test_openai_agent import calculator, make_args
-from tests.train.test_agent_command import TREE, gone, noted_pid
+from tests.train.test_agent_command import TREE, cancel_once_started, gone
 
 pytestmark = pytest.mark.slow
 
@@ -112,16 +112,8 @@ def test_a_task_deaf_to_cancellation_is_force_killed_and_its_command_tree_goes(r
     monkeypatch.setattr(agent_workers, "CANCEL_GRACE_S", 4.0)
     workers = agent_workers.RayWorkers(agent_workers.AgentWorkersConfig(**ON_AGENTS_CONFIG))
     pid_file = tmp_path / "pid"
-
-    async def episode() -> None:
-        task = asyncio.create_task(workers.run(_deaf_agent, TREE.format(pid_file=pid_file)))
-        await asyncio.to_thread(noted_pid, pid_file)
-        task.cancel()  # the episode's timeout
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(episode())
-    assert gone(noted_pid(pid_file)), "the command's child outlived the force-killed task"
+    child = cancel_once_started(workers.run(_deaf_agent, TREE.format(pid_file=pid_file)), pid_file)
+    assert gone(child), "the command's child outlived the force-killed task"
 
 
 def test_an_episode_whose_node_dies_is_generated_again_on_another_node(router, ray_cluster, tmp_path):

@@ -6,8 +6,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import uvloop
@@ -89,18 +91,25 @@ def noted_pid(pid_file: Path) -> int:
     return int(pid_file.read_text())
 
 
-def test_a_cancelled_command_takes_every_process_it_started_with_it(tmp_path):
-    pid_file = tmp_path / "pid"
+def cancel_once_started(episode: Coroutine[Any, Any, Any], pid_file: Path) -> int:
+    """Run `episode` until its command's child noted its pid in `pid_file`, then cancel it (the
+    episode's timeout) and see it end cancelled: that child's pid."""
 
-    async def episode() -> None:
-        task = asyncio.create_task(run_command(TREE.format(pid_file=pid_file), {}))
+    async def run() -> None:
+        task = asyncio.ensure_future(episode)
         await asyncio.to_thread(noted_pid, pid_file)
-        task.cancel()  # the episode's timeout
+        task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(episode())
-    assert gone(noted_pid(pid_file)), "the command's child outlived the cancelled episode"
+    asyncio.run(run())
+    return noted_pid(pid_file)
+
+
+def test_a_cancelled_command_takes_every_process_it_started_with_it(tmp_path):
+    pid_file = tmp_path / "pid"
+    child = cancel_once_started(run_command(TREE.format(pid_file=pid_file), {}), pid_file)
+    assert gone(child), "the command's child outlived the cancelled episode"
 
 
 def test_what_a_finished_command_left_running_is_killed(tmp_path):
