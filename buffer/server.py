@@ -88,7 +88,10 @@ class EmbeddedServer:
         )
         self._wait_ready(self.proc, timeout)
         info = {"pid": self.proc.pid, "url": self.url, "owner": os.getpid()}
-        (self.dir / SERVER_INFO).write_text(json.dumps(info))
+        # written aside and renamed: a process looking for the server never reads half a file
+        partial = self.dir / f"{SERVER_INFO}.part"
+        partial.write_text(json.dumps(info))
+        partial.replace(self.dir / SERVER_INFO)
         return self
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> None:

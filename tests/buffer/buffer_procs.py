@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+from pathlib import Path
 
 from slimeish.buffer import Buffer, SessionInfo, Turn
 
@@ -20,8 +22,11 @@ async def consume(url: str, run_id: str, n: int, out: str) -> None:
     async with Buffer(url, run_id) as buf:
         groups = (await buf.take_groups(n, "trainer-0")).groups
         await buf.ack([groups[0].group_id])
-        with open(out, "w") as f:
-            json.dump({"acked": groups[0].group_id, "held": [g.group_id for g in groups[1:]]}, f)
+        # written aside and renamed: the test reads the file as soon as it exists, then kills us
+        Path(out + ".part").write_text(
+            json.dumps({"acked": groups[0].group_id, "held": [g.group_id for g in groups[1:]]})
+        )
+        os.replace(out + ".part", out)
         await asyncio.sleep(3600)  # "training" until SIGKILL
 
 
