@@ -18,8 +18,9 @@ import contextlib
 import json
 import os
 import signal
+import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from slimeish.common.config import help_field
 from slimeish.common.procs import guarded_shell
@@ -63,25 +64,33 @@ async def run_command(command: str, env: dict[str, str], stdin: bytes | None = N
     """Run `command` in a process group of its own, which ends with it: every process it started
     is killed when it exits, when the episode is cancelled (its timeout), and, through the guard's
     watchdog (`guarded_shell`), when this process dies (a Ray worker force-killed after its grace)."""
-    with guarded_shell(command) as (argv, lifeline):
+    # Its output goes to files, not pipes: a process it left running (a server started in the
+    # background) would hold a pipe open, and reading to its end would wait for that process.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, guarded_shell(command) as (argv, lifeline):
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdout=out,
+            stderr=err,
             env={**os.environ, **env},
             start_new_session=True,
             pass_fds=[lifeline],
         )
         try:
-            out, err = await proc.communicate(stdin)
-        finally:  # done, failed or cancelled (the timeout): the whole command tree goes
+            await proc.communicate(stdin)
+        finally:  # ended, failed or cancelled (the timeout): the whole command tree goes
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
+        stdout, stderr = _written(out), _written(err)
     if proc.returncode != 0:
-        raise AgentCommandError(f"{command!r} exited with {proc.returncode}: {err.decode(errors='replace')[-500:]}")
-    return out.decode(errors="replace")
+        raise AgentCommandError(f"{command!r} exited with {proc.returncode}: {stderr[-500:]}")
+    return stdout
+
+
+def _written(file: IO[bytes]) -> str:
+    file.seek(0)
+    return file.read().decode(errors="replace")
 
 
 def episode_env(session: Session, sample: Sample) -> dict[str, str]:

@@ -119,6 +119,17 @@ def test_what_a_finished_command_left_running_is_killed(tmp_path):
     assert gone(noted_pid(pid_file)), "a process the command left running outlived it"
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_process_left_holding_the_commands_stdout_does_not_keep_the_episode_waiting(tmp_path, loop):
+    """A server started in the background keeps the command's stdout open for 10 minutes: the
+    command's output comes back when the command ends, and that process is killed then."""
+    pid_file = tmp_path / "pid"
+    command = f"sleep 600 & echo $! > {pid_file}; echo done"
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        assert runner.run(asyncio.wait_for(run_command(command, {}), GONE_WITHIN_S)) == "done\n"
+    assert gone(noted_pid(pid_file))
+
+
 @pytest.mark.parametrize("children_first", [False, True], ids=["runner", "children-then-runner"])
 def test_the_commands_of_a_runner_that_dies_die_with_it(tmp_path, children_first):
     """A runner that dies cannot kill the command's group itself: the guard's watchdog does. A Ray
