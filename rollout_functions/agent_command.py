@@ -64,12 +64,16 @@ async def run_command(command: str, env: dict[str, str], stdin: bytes | None = N
     """Run `command` in a process group of its own, which ends with it: every process it started
     is killed when it exits, when the episode is cancelled (its timeout), and, through the guard's
     watchdog (`guarded_shell`), when this process dies (a Ray worker force-killed after its grace)."""
-    # Its output goes to files, not pipes: a process it left running (a server started in the
-    # background) would hold a pipe open, and reading to its end would wait for that process.
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, guarded_shell(command) as (argv, lifeline):
+    # Its input and output are files, not pipes: a process it left running (a server started in
+    # the background) would hold a pipe open, and writing or reading to its end would wait for it.
+    with contextlib.ExitStack() as files:
+        input_, out, err = (files.enter_context(tempfile.TemporaryFile()) for _ in range(3))
+        input_.write(stdin or b"")
+        input_.seek(0)
+        argv, lifeline = files.enter_context(guarded_shell(command))
         proc = await asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.PIPE,
+            stdin=input_,
             stdout=out,
             stderr=err,
             env={**os.environ, **env},
@@ -77,18 +81,18 @@ async def run_command(command: str, env: dict[str, str], stdin: bytes | None = N
             pass_fds=[lifeline],
         )
         try:
-            await proc.communicate(stdin)
+            await proc.wait()
         finally:  # ended, failed or cancelled (the timeout): the whole command tree goes
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-        stdout, stderr = _written(out), _written(err)
+        stdout, stderr = _read_back(out), _read_back(err)
     if proc.returncode != 0:
         raise AgentCommandError(f"{command!r} exited with {proc.returncode}: {stderr[-500:]}")
     return stdout
 
 
-def _written(file: IO[bytes]) -> str:
+def _read_back(file: IO[bytes]) -> str:
     file.seek(0)
     return file.read().decode(errors="replace")
 

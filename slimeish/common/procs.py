@@ -56,14 +56,15 @@ def die_with_parent() -> None:
 
 # `guarded_shell`'s script (bash, as sh cannot name an fd above 9; POSIX mode, so that no
 # $BASH_ENV runs first): $1 is the command line, $2 the fd of the lifeline's read end. First every
-# other descriptor past stdio is closed: a starter on uvloop (Ray's workers) hands its children all
-# its inheritable ones, which the command must not hold (a copy of its own stdout pipe in a process
-# that outlives it keeps the reader waiting). The watchdog, started next, reads the lifeline until
-# EOF, i.e. until its starter's end is closed (by the starter, or by its death, however it dies),
-# then kills the whole group; it ignores the signals a group gets (SIGHUP when the group is
-# orphaned with a stopped member). It is a process of its own, not the shell leading the group:
-# Ray SIGKILLs a force-killed worker's direct children, the leader among them, and a killed shell
-# runs no trap. fd 3 carries stdin past bash's /dev/null for background jobs.
+# other descriptor past stdio is closed: a starter on uvloop (Ray's workers) hands its children
+# all its inheritable ones, which the command must not hold (a pipe the starter reads to its end
+# would wait for every holder; the worker's log files and sockets are not the command's). The
+# watchdog, started next, reads the lifeline until EOF, i.e. until its starter's end is closed (by
+# the starter, or by its death, however it dies), then kills the whole group; it ignores the
+# signals a group gets (SIGHUP when the group is orphaned with a stopped member). It is a process
+# of its own, not the shell leading the group: Ray SIGKILLs a force-killed worker's direct
+# children, the leader among them, and a killed shell runs no trap. fd 3 carries stdin past bash's
+# /dev/null for background jobs.
 _GUARDED = (
     'for fd in /proc/$$/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && [ "$fd" != "$2" ] && eval "exec $fd>&-"; done; '
     '( trap "" HUP INT TERM; read -r -u "$2" _; kill -KILL 0 ) </dev/null >/dev/null 2>&1 & eval "exec $2<&-"; '

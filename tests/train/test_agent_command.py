@@ -47,7 +47,7 @@ def test_the_command_inherits_no_descriptor_but_stdio(loop):
     os.set_inheritable(inheritable, True)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
-            # bounded: a copy of its stdout pipe left in the watchdog would keep the reader waiting
+            # bounded: a regression must fail, not hang
             listed = runner.run(asyncio.wait_for(run_command("ls /proc/$$/fd", {}), GONE_WITHIN_S))
         assert listed.split() == ["0", "1", "2"]
     finally:
@@ -112,22 +112,27 @@ def test_a_cancelled_command_takes_every_process_it_started_with_it(tmp_path):
     assert gone(child), "the command's child outlived the cancelled episode"
 
 
-def test_what_a_finished_command_left_running_is_killed(tmp_path):
-    pid_file = tmp_path / "pid"
-    command = f"sleep 600 >/dev/null 2>&1 & echo $! > {pid_file}; echo done"
-    assert asyncio.run(run_command(command, {})) == "done\n"
-    assert gone(noted_pid(pid_file)), "a process the command left running outlived it"
+# A server the command starts in the background and leaves running, holding the command's stdin
+# (a program's child inherits it; a shell's `&` job gets /dev/null) and stdout for 10 minutes.
+LEFT_RUNNING = (
+    'python3 -c \'import subprocess, sys; print(subprocess.Popen(["sleep", "600"]).pid, file=sys.stderr)\' '
+    "2> {pid_file}; echo done"
+)
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_process_left_holding_the_commands_stdout_does_not_keep_the_episode_waiting(tmp_path, loop):
-    """A server started in the background keeps the command's stdout open for 10 minutes: the
-    command's output comes back when the command ends, and that process is killed then."""
+def test_a_finished_commands_output_comes_back_at_once_and_what_it_left_running_is_killed(tmp_path, loop):
+    """Neither the unread input (more than a pipe holds) nor the output the server still holds keeps
+    the episode waiting; the server goes when the command ends."""
     pid_file = tmp_path / "pid"
-    command = f"sleep 600 & echo $! > {pid_file}; echo done"
+    episode = run_command(LEFT_RUNNING.format(pid_file=pid_file), {}, stdin=b"x" * 1_000_000)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
-        assert runner.run(asyncio.wait_for(run_command(command, {}), GONE_WITHIN_S)) == "done\n"
-    assert gone(noted_pid(pid_file))
+        assert runner.run(asyncio.wait_for(episode, GONE_WITHIN_S)) == "done\n"
+    assert gone(noted_pid(pid_file)), "a process the command left running outlived it"
+
+
+def test_a_command_reading_stdin_without_input_reads_nothing():
+    assert asyncio.run(asyncio.wait_for(run_command("cat; echo done", {}), GONE_WITHIN_S)) == "done\n"
 
 
 @pytest.mark.parametrize("children_first", [False, True], ids=["runner", "children-then-runner"])
