@@ -35,7 +35,7 @@ class VersionStack(ro.Stack):
         super().__init__(model, log_dir, reply, smg=False)
 
     def _start(self, args: list[str], url: str, log_dir: Path, name: str) -> None:
-        env = {"PYTHONPATH": self.code} if self.code and name == "router" else None
+        env = {"PYTHONPATH": self.code} if self.code and name == "router0" else None
         proc = ManagedProcess(args, log_path=log_dir / f"{name}.log", env=env)
         self.procs.append(proc)
         wait_http(url + "/health", timeout=120, proc=proc.proc)

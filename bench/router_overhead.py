@@ -97,16 +97,22 @@ USER_TAIL = [1, 302, 201, 74, 75, 76, 77, 2, 201, 1, 308, 201]  # "<|im_start|>u
 class Stack:
     """The stand-in, a slimeish router and (for the load test) an smg router, as real processes."""
 
-    def __init__(self, model: Path, log_dir: Path, reply: dict, smg: bool = True):
+    def __init__(self, model: Path, log_dir: Path, reply: dict, smg: bool = True, routers: int = 1):
         self.procs: list[ManagedProcess] = []
-        standin_port, router_port, smg_port = free_port(), free_port(), free_port()
+        standin_port, smg_port = free_port(), free_port()
         self.standin = f"http://127.0.0.1:{standin_port}"
-        self.router = f"http://127.0.0.1:{router_port}"
         self.smg = f"http://127.0.0.1:{smg_port}"
         self._start(standin_argv(standin_port, reply), self.standin, log_dir, "standin")
-        self._start([sys.executable, "-m", "slimeish", "router", "--model", str(model), "--engine", self.standin,
-                     "--port", str(router_port)], self.router, log_dir, "router")  # fmt: skip
-        self.router_pid = self.procs[-1].pid
+        # With several, they are replicas as `--num-routers` starts them: each its own process, the
+        # sessions spread over them (here in turn), sharing nothing but the engine.
+        self.routers, self.router_pids = [], []
+        for i in range(routers):
+            port = free_port()
+            self.routers.append(f"http://127.0.0.1:{port}")
+            self._start([sys.executable, "-m", "slimeish", "router", "--model", str(model), "--engine", self.standin,
+                         "--port", str(port)], self.routers[-1], log_dir, f"router{i}")  # fmt: skip
+            self.router_pids.append(self.procs[-1].pid)
+        self.router, self.router_pid = self.routers[0], self.router_pids[0]
         if smg:  # one at a time: a second smg cannot bind its metrics port
             exe = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))
             self._start([exe, "launch", "--host", "127.0.0.1", "--port", str(smg_port), "--worker-urls", self.standin,
@@ -139,10 +145,11 @@ def new_client(connections: int) -> aiohttp.ClientSession:
 
 
 async def session_urls(stack: Stack, path: str, n: int) -> list[str]:
+    routers = [stack.routers[i % len(stack.routers)] for i in range(n)]
     async with new_client(8) as client:
-        sessions = [await post_json(client, stack.router + "/sessions", {}) for _ in range(n)]
+        sessions = [await post_json(client, router + "/sessions", {}) for router in routers]
     if path == "token-in":
-        return [f"{stack.router}/s/{s['api_key']}/generate" for s in sessions]
+        return [f"{router}/s/{s['api_key']}/generate" for router, s in zip(routers, sessions, strict=True)]
     if path == "messages":  # Anthropic's base URL is the session's without /v1
         return [s["base_url"].removesuffix("/v1") + "/v1/messages" for s in sessions]
     return [s["base_url"] + ("/responses" if path == "responses" else "/chat/completions") for s in sessions]
@@ -174,9 +181,9 @@ async def run_load(
             await asyncio.sleep(random.expovariate(1 / think_s) if think_s and think_dist == "exp" else think_s)
 
     async with new_client(concurrency) as client:
-        t0, cpu0 = time.perf_counter(), cpu_seconds(stack.router_pid)
+        t0, cpu0 = time.perf_counter(), cpu_seconds(*stack.router_pids)
         await asyncio.gather(*(session(_stepper(path, url)) for url in urls))
-        wall, cpu = time.perf_counter() - t0, cpu_seconds(stack.router_pid) - cpu0
+        wall, cpu = time.perf_counter() - t0, cpu_seconds(*stack.router_pids) - cpu0
     lat.sort()
     return {
         "path": path,
@@ -191,10 +198,10 @@ async def run_load(
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time used so far by all threads of process `pid` (scheduler accounting, in ns)."""
-    tasks = Path(f"/proc/{pid}/task")
-    return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks.iterdir()) / 1e9
+def cpu_seconds(*pids: int) -> float:
+    """CPU time used so far by all threads of processes `pids` (scheduler accounting, in ns)."""
+    tasks = [t for pid in pids for t in Path(f"/proc/{pid}/task").iterdir()]
+    return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks) / 1e9
 
 
 async def turn_costs(stack: Stack, path: str, sessions: int, turns: int) -> tuple[list[float], list[float]]:
@@ -207,12 +214,12 @@ async def turn_costs(stack: Stack, path: str, sessions: int, turns: int) -> tupl
     cpu, wall = [], []
     async with new_client(8) as client:
         for _ in range(turns):
-            c0, lat = cpu_seconds(stack.router_pid), []
+            c0, lat = cpu_seconds(*stack.router_pids), []
             for step in steppers:
                 t0 = time.perf_counter()
                 await step(client)
                 lat.append(time.perf_counter() - t0)
-            cpu.append(1e3 * (cpu_seconds(stack.router_pid) - c0) / sessions)
+            cpu.append(1e3 * (cpu_seconds(*stack.router_pids) - c0) / sessions)
             wall.append(1e3 * statistics.median(lat))
     return cpu, wall
 
@@ -348,6 +355,10 @@ def main() -> None:
         help="tiny models of these families (make-tiny-model --family): the first serves the load test; "
         "the long chat episodes run on each",
     )  # fmt: skip
+    parser.add_argument(
+        "--routers", type=int, default=1,
+        help="slimeish router replicas (each a process, sessions spread over them in turn); router CPU is their sum",
+    )  # fmt: skip
     parser.add_argument("--standin-reply", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_standin:
@@ -360,7 +371,8 @@ def main() -> None:
                 model = make_tiny_model(Path(tmp) / family, TinyModelConfig(family=family))
                 (Path(tmp) / f"{family}-logs").mkdir()
                 logs, reply = Path(tmp) / f"{family}-logs", standin_reply(model)
-                stacks[family] = Stack(model, logs, reply, smg=not stacks)  # the load test runs on the first
+                # the load test runs on the first
+                stacks[family] = Stack(model, logs, reply, smg=not stacks, routers=args.routers)
             # The load generator imported torch and transformers to build the models: without this
             # its own full collections (~130 ms each) land in the measured latencies of whichever path runs.
             gc.collect()
@@ -371,7 +383,8 @@ def main() -> None:
                 stack.stop()
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the end, Python "
-          f"{platform.python_version()}; think time {args.think_ms:g} ms ({args.think_dist})\n\n{report}")  # fmt: skip
+          f"{platform.python_version()}; think time {args.think_ms:g} ms ({args.think_dist}); "
+          f"{args.routers} slimeish router process(es)\n\n{report}")  # fmt: skip
 
 
 if __name__ == "__main__":

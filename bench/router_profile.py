@@ -75,6 +75,7 @@ class ProfiledStack(Stack):
         self._start([sys.executable, __file__, "--serve-router", str(self.stats), "--model", str(model), "--engine",
                      self.standin, "--port", str(router_port)], self.router, log_dir, "router")  # fmt: skip
         self.router_pid = self.procs[-1].pid
+        self.routers, self.router_pids = [self.router], [self.router_pid]
 
     async def gc_stats(self) -> dict:
         """The router's collections since the last call (`pauses`: (generation, seconds)) and the
