@@ -115,7 +115,7 @@ def test_a_cancelled_command_takes_every_process_it_started_with_it(tmp_path):
 # A server the command starts in the background and leaves running, holding the command's stdin
 # (a program's child inherits it; a shell's `&` job gets /dev/null) and stdout for 10 minutes.
 LEFT_RUNNING = (
-    'python3 -c \'import subprocess, sys; print(subprocess.Popen(["sleep", "600"]).pid, file=sys.stderr)\' '
+    f'{sys.executable} -c \'import subprocess, sys; print(subprocess.Popen(["sleep", "600"]).pid, file=sys.stderr)\' '
     "2> {pid_file}; echo done"
 )
 
