@@ -13,15 +13,15 @@ environment, reward and failure rules.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import signal
 import tempfile
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
+from slimeish.common.child_output import collecting
 from slimeish.common.config import help_field
 from slimeish.common.procs import guarded_shell
 from slimeish.common.sample import Sample, Status
@@ -64,37 +64,25 @@ async def run_command(command: str, env: dict[str, str], stdin: bytes | None = N
     """Run `command` in a process group of its own, which ends with it: every process it started
     is killed when it exits, when the episode is cancelled (its timeout), and, through the guard's
     watchdog (`guarded_shell`), when this process dies (a Ray worker force-killed after its grace)."""
-    # Its input and output are files, not pipes: a process it left running (a server started in
-    # the background) would hold a pipe open, and writing or reading to its end would wait for it.
-    with contextlib.ExitStack() as files:
-        input_, out, err = (files.enter_context(tempfile.TemporaryFile()) for _ in range(3))
+    # Its input is a file, not a pipe: a process it left running would hold a pipe open, and
+    # writing more than the pipe holds would wait for it (its output: `collecting`).
+    with tempfile.TemporaryFile() as input_, guarded_shell(command) as (argv, lifeline):
         input_.write(stdin or b"")
         input_.seek(0)
-        argv, lifeline = files.enter_context(guarded_shell(command))
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=input_,
-            stdout=out,
-            stderr=err,
-            env={**os.environ, **env},
-            start_new_session=True,
-            pass_fds=[lifeline],
-        )
-        try:
-            await proc.wait()
-        finally:  # ended, failed or cancelled (the timeout): the whole command tree goes
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-        stdout, stderr = _read_back(out), _read_back(err)
-    if proc.returncode != 0:
-        raise AgentCommandError(f"{command!r} exited with {proc.returncode}: {stderr[-500:]}")
+        async with collecting(
+            argv, stdin=input_, env={**os.environ, **env}, start_new_session=True, pass_fds=[lifeline]
+        ) as child:
+            try:
+                await child.wait()
+            finally:  # ended, failed or cancelled (the timeout): the whole command tree goes
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                await child.wait()
+            output = await child.output()  # cut: a process that left the group holds it (the tail is lost)
+    stdout, stderr = output.stdout.decode(errors="replace"), output.stderr.decode(errors="replace")
+    if child.returncode != 0:
+        raise AgentCommandError(f"{command!r} exited with {child.returncode}: {stderr[-500:]}")
     return stdout
-
-
-def _read_back(file: IO[bytes]) -> str:
-    file.seek(0)
-    return file.read().decode(errors="replace")
 
 
 def episode_env(session: Session, sample: Sample) -> dict[str, str]:

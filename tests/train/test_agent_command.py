@@ -54,6 +54,16 @@ def test_the_command_inherits_no_descriptor_but_stdio(loop):
         os.close(inheritable)
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_writes_to_dev_stdout_and_dev_stderr_keep_what_came_before(loop):
+    """Shell scripts write `> /dev/stderr`: that opens the output anew, which a file would truncate."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        out = runner.run(run_command("echo one; echo two > /dev/stdout; echo three", {}))
+        assert out == "one\ntwo\nthree\n"
+        with pytest.raises(AgentCommandError, match="exited with 3: a\nb\n"):
+            runner.run(run_command("echo a >&2; echo b > /dev/stderr; exit 3", {}))
+
+
 def test_crash_is_an_error_with_stderr():
     with pytest.raises(AgentCommandError, match="exited with 3: boom"):
         asyncio.run(run_command("echo boom >&2; exit 3", {}))
