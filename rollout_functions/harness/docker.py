@@ -47,10 +47,11 @@ import aiodocker
 import aiohttp
 from aiodocker.types import JSONValue
 
+from slimeish.common.child_output import DRAIN_S, note_cut
 from slimeish.rollout_functions.harness import bridge as bridge_script
 from slimeish.rollout_functions.harness.bridge import HOSTS_NAME, INSIDE_DIR, RouterBridge
 from slimeish.rollout_functions.harness.docker_image import image_archive
-from slimeish.rollout_functions.harness.local import OUTPUT_TAIL, PIPE_DRAIN_S
+from slimeish.rollout_functions.harness.local import OUTPUT_TAIL
 from slimeish.rollout_functions.harness.sandbox import (
     APP,
     LOGS,
@@ -71,6 +72,7 @@ HOST_DIRS = tuple(dict.fromkeys(["/usr", "/etc", str(PROJECT), str(Path(sys.base
 OWN_ENV = {"APP_DIR": APP, "TESTS_DIR": TESTS, "LOGS_DIR": LOGS, "TMPDIR": "/tmp", "HOME": "/tmp"}
 # the command's session id first, where a timeout's kill finds it; then the command itself
 LEADER = 'echo $$ > "$0" && exec "$@"'
+EXIT_POLL_S = 1.0  # how often a running command's exit is looked for, apart from its output's end
 # the kernel's count of processes it killed at the container's memory limit (cgroup v1, then v2)
 # "|| true": a container without either file has no count, which is not a failure
 OOM_KILLS = (
@@ -141,23 +143,25 @@ class DockerSandbox(Sandbox):
             reader = asyncio.ensure_future(read())  # kept apart, so a timeout keeps what was said
             timed_out = False
             try:
-                await asyncio.wait_for(asyncio.shield(reader), timeout_s)
+                await asyncio.wait_for(_ended(process, reader), timeout_s)
             except TimeoutError:
                 timed_out = True
                 await self._kill(leader)
-            except asyncio.CancelledError:  # the episode's own limit, or the run stopping
+            except BaseException:  # the episode's own limit, the run stopping, or a failed inspect
                 reader.cancel()
                 with contextlib.suppress(SandboxError):
                     await asyncio.shield(self._kill(leader))
                 raise
+            cut = False
             try:  # the stream ends once every holder of the output is gone
-                await asyncio.wait_for(reader, PIPE_DRAIN_S)
+                await asyncio.wait_for(reader, DRAIN_S)
             except TimeoutError:
-                chunks.append(b"(output cut: a process that left the command's session still holds it)")
+                cut = True
             code = (await process.inspect())["ExitCode"]
+        output = note_cut(b"".join(chunks)) if cut else b"".join(chunks)
         return ExecResult(
             exit_code=137 if code is None else code,  # still running after its kill: as killed
-            output=b"".join(chunks).decode(errors="replace")[-OUTPUT_TAIL:],
+            output=output.decode(errors="replace")[-OUTPUT_TAIL:],
             timed_out=timed_out,
         )
 
@@ -293,3 +297,12 @@ class DockerProvider(SandboxProvider):
         if result.exit_code != 0:
             state = describe_exit(result, task)
             raise SandboxError(f"{task.name}: environment/setup.sh {state}: {result.output[-500:]}")
+
+
+async def _ended(process: aiodocker.execs.Exec, reader: asyncio.Future[None]) -> None:
+    """Until the command ended: its output's end, or its exit when a process it left running (a
+    server started in the background) still holds the output. `reader` goes on either way."""
+    while not reader.done():
+        await asyncio.wait([reader], timeout=EXIT_POLL_S)
+        if not reader.done() and (await process.inspect())["ExitCode"] is not None:  # None until it started
+            return

@@ -33,6 +33,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Literal
 
+from slimeish.common.child_output import collecting, note_cut
 from slimeish.rollout_functions.harness.bridge import INSIDE_DIR, RouterBridge
 from slimeish.rollout_functions.harness.limits import BACKSTOP, CpuPlan, MemoryWatch
 from slimeish.rollout_functions.harness.sandbox import (
@@ -52,7 +53,6 @@ from slimeish.rollout_functions.harness.tasks import Task
 log = logging.getLogger(__name__)
 
 OUTPUT_TAIL = 64 * 1024  # characters of a command's output kept
-PIPE_DRAIN_S = 10.0  # how long the output may stay open after the command's group ended
 DIRS = {APP: "app", TESTS: "tests", LOGS: "logs", "/tmp": "tmp"}
 SKIPPED_TOP_LEVEL = {"/tmp", "/proc", "/dev"}  # replaced by the sandbox's own
 PASSED_HOST_VARS = ("PATH", "LANG", "LC_ALL", "TZ")  # no credentials: programs installed on the host need them
@@ -118,42 +118,36 @@ class LocalSandbox(Sandbox):
         return result
 
     async def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> ExecResult:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
+        async with collecting(
+            argv,
+            merge_stderr=True,
+            keep=4 * OUTPUT_TAIL,  # bytes: a character takes at most 4
             cwd=self.host_path(APP),
             env=self._env(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: the whole tree is killed together
-        )
-        self._running.add(proc.pid)
-        watched = self.memory.watch(proc.pid, self.task.memory_mb * 1024 * 1024)
-        assert proc.stdout is not None
-        reader = asyncio.ensure_future(proc.stdout.read())  # kept apart, so a timeout keeps what was said
-        timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError:
-            timed_out = True
-            _kill_group(proc.pid)
-            await proc.wait()
-        except asyncio.CancelledError:  # the episode's own limit, or the run stopping
-            _kill_group(proc.pid)
-            reader.cancel()
-            await proc.wait()
-            raise
-        finally:
-            self._running.discard(proc.pid)
-            self.memory.unwatch(watched)
-        try:  # EOF once every holder of the pipe is gone; one that left the group must not hold us
-            out = await asyncio.wait_for(reader, PIPE_DRAIN_S)
-        except TimeoutError:
-            out = b"(output cut: a process that left the sandbox's process group still holds it)"
-        assert proc.returncode is not None
+        ) as child:
+            self._running.add(child.pid)
+            watched = self.memory.watch(child.pid, self.task.memory_mb * 1024 * 1024)
+            timed_out = False
+            try:  # its exit: a process it left running (outside bubblewrap) may hold its output on
+                await asyncio.wait_for(child.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                _kill_group(child.pid)
+                await child.wait()
+            except asyncio.CancelledError:  # the episode's own limit, or the run stopping
+                _kill_group(child.pid)
+                await child.wait()
+                raise
+            finally:
+                self._running.discard(child.pid)
+                self.memory.unwatch(watched)
+            output = await child.output()
+        said = note_cut(output.stdout) if output.cut else output.stdout
+        assert child.returncode is not None
         return ExecResult(
-            exit_code=proc.returncode,
-            output=out.decode(errors="replace")[-OUTPUT_TAIL:],
+            exit_code=child.returncode,
+            output=said.decode(errors="replace")[-OUTPUT_TAIL:],
             timed_out=timed_out,
             out_of_memory=watched.exceeded,
         )

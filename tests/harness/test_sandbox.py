@@ -4,10 +4,12 @@ to the router, a timeout that kills the whole process group, the task's memory."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import os
 import random
 import shutil
+import signal
 import threading
 from pathlib import Path
 
@@ -59,6 +61,27 @@ def test_a_timeout_kills_the_whole_process_group(make_task, provider_of, kind):
     result = asyncio.run(scenario())
     assert result.timed_out and "started" in result.output
     assert processes_running(f"sleep\0{marker}") == []
+
+
+@pytest.mark.parametrize("kind", PROVIDERS)
+def test_a_command_ends_when_it_exits_though_a_process_it_left_running_holds_its_output(make_task, provider_of, kind):
+    marker = str(random.randrange(10**8, 10**9))
+
+    async def scenario():
+        box = await any_sandbox(provider_of(kind), make_task, name=f"left-running-{kind}")
+        try:  # the background sleep holds the command's output for as long as it lives
+            return await box.exec(f"sleep {marker} & echo started", env={}, timeout_s=30.0)
+        finally:
+            await box.destroy()
+
+    try:
+        result = asyncio.run(scenario())
+    finally:  # without bubblewrap's PID namespace or a container, it outlives the sandbox
+        for pid in processes_running(f"sleep\0{marker}"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert (result.exit_code, result.timed_out) == (0, False)
+    assert result.output.startswith("started\n")
 
 
 @needs_bwrap
