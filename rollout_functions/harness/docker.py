@@ -158,7 +158,8 @@ class DockerSandbox(Sandbox):
             except TimeoutError:
                 cut = True
             code = (await process.inspect())["ExitCode"]
-        output = note_cut(b"".join(chunks)) if cut else b"".join(chunks)
+        output = b"".join(chunks)
+        output = note_cut(output) if cut else output
         return ExecResult(
             exit_code=137 if code is None else code,  # still running after its kill: as killed
             output=output.decode(errors="replace")[-OUTPUT_TAIL:],

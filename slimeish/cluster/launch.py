@@ -12,7 +12,6 @@ death").
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
@@ -27,6 +26,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
 from slimeish.cluster.config import ClusterConfig, Placement
 from slimeish.cluster.part import PartActor, PartSpec
+from slimeish.common.files import replace_json
 from slimeish.train.launch import StackConfig, buffer_argv, check_engine, engine_argv, router_argv, router_engines
 
 log = logging.getLogger("slimeish.cluster")
@@ -248,9 +248,7 @@ class RayStack:
             p.name: {"role": p.role, "url": p.url, "node_id": p.node_id, "moves": p.moves} for p in self.parts
         }
         parts["trainer"] = {"role": "trainer", "node_id": ray.get_runtime_context().get_node_id()}
-        tmp = self.run_dir / "parts.json.tmp"
-        tmp.write_text(json.dumps(parts, indent=2))
-        tmp.replace(self.run_dir / "parts.json")
+        replace_json(self.run_dir / "parts.json", parts, indent=2)
 
 
 def sglang_argv(model_path: Path, *, tp_size: int) -> list[str]:

@@ -8,7 +8,6 @@ the `Stack` closes (also on Ctrl-C), so no process outlives the run.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
@@ -22,6 +21,7 @@ import httpx
 import redis
 
 from slimeish.common.config import help_field
+from slimeish.common.files import replace_json
 from slimeish.common.procs import ManagedProcess, free_port, wait_http
 from slimeish.engine.protocol import ENGINE_NAME
 from slimeish.train.outside import OutsideEngines
@@ -291,6 +291,4 @@ class Stack:
             c.name: {"role": c.role, "url": c.url, "pid": c.proc.pid if c.proc else None, "restarts": len(c.restarts)}
             for c in self.supervisor.children
         }
-        tmp = self.run_dir / "parts.json.tmp"
-        tmp.write_text(json.dumps(parts, indent=2))
-        tmp.replace(self.run_dir / "parts.json")
+        replace_json(self.run_dir / "parts.json", parts, indent=2)

@@ -10,23 +10,19 @@ python buffer_procs.py write URL RUN_ID PREFIX N_GROUPS SIZE INDICES OUT
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import sys
 from pathlib import Path
 
 from slimeish.buffer import Buffer, SessionInfo, Turn
+from slimeish.common.files import replace_json
 
 
 async def consume(url: str, run_id: str, n: int, out: str) -> None:
     async with Buffer(url, run_id) as buf:
         groups = (await buf.take_groups(n, "trainer-0")).groups
         await buf.ack([groups[0].group_id])
-        # written aside and renamed: the test reads the file as soon as it exists, then kills us
-        Path(out + ".part").write_text(
-            json.dumps({"acked": groups[0].group_id, "held": [g.group_id for g in groups[1:]]})
-        )
-        os.replace(out + ".part", out)
+        # whole or not at all: the test reads the file as soon as it exists, then kills us
+        replace_json(Path(out), {"acked": groups[0].group_id, "held": [g.group_id for g in groups[1:]]})
         await asyncio.sleep(3600)  # "training" until SIGKILL
 
 
